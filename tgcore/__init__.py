@@ -1,0 +1,9 @@
+"""tgcore: a small, fast deep-learning framework whose devices are plugins."""
+from tgcore.device import Device
+from tgcore.dtype import dtypes
+from tgcore.helpers import Context, GlobalCounters
+from tgcore.shape.symbolic import Variable
+from tgcore.tensor import Tensor
+
+__version__ = "0.1.0"
+__all__ = ["Tensor", "Device", "dtypes", "Context", "GlobalCounters", "Variable"]

@@ -1,0 +1,230 @@
+"""The linearizer: lowers a Kernel to the UOp list (the IR documented in codegen/uops.py).
+
+Global axes become loops (a Renderer with `global_max = None`, like a CPU) or launched grid indices (SPECIAL),
+reduce axes become loops with an accumulator. Index arithmetic comes from each buffer's ShapeTracker as
+symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tgcore.codegen.kernel import Kernel, dtype_of
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.dtype import ConstType, DType, PtrDType, dtypes
+from tgcore.helpers import prod
+from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
+from tgcore.shape.symbolic import (AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable,
+                                   sint)
+
+_REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+
+
+class Linearizer:
+    """Emits the uops of one Kernel."""
+
+    def __init__(self, k: Kernel) -> None:
+        self.k = k
+        self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
+        self.uops: list[UOp] = []
+        self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]
+        self.consts: dict[tuple[Any, ...], UOp] = {}
+        self.global_size: Optional[tuple[sint, ...]] = None
+        self.local_size: Optional[tuple[int, ...]] = None
+        self.variables: list[Variable] = []
+        self.op_estimate = 0
+        self.mem_estimate = 0
+
+    # ***** emission *****
+
+    def uop(self, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None,
+            cse: bool = True) -> UOp:
+        """Emit a uop, or return the equal one already emitted in an enclosing scope."""
+        key = (op, dtype, tuple(id(s) for s in src), arg)
+        if cse:
+            for scope in reversed(self.scopes):
+                if key in scope:
+                    return scope[key]
+        u = UOp(op, dtype, src, arg)
+        self.uops.append(u)
+        if cse:
+            self.scopes[-1][key] = u
+        return u
+
+    def const(self, val: ConstType, dtype: DType) -> UOp:
+        key = (val, dtype, type(val))
+        if key not in self.consts:  # constants go in the header, so every scope sees them
+            self.consts[key] = UOp(UOps.CONST, dtype, (), dtypes.as_const(val, dtype))
+            self.header.append(self.consts[key])
+        return self.consts[key]
+
+    def alu(self, op: Any, dtype: DType, *src: UOp) -> UOp:
+        return self.uop(UOps.ALU, dtype, src, op)
+
+    def open_range(self, start: UOp, end: UOp, axis: int, reduce: bool) -> UOp:
+        r = self.uop(UOps.RANGE, dtypes.int32, (start, end), (axis, reduce), cse=False)
+        self.scopes.append({})
+        return r
+
+    def close_range(self, r: UOp) -> None:
+        self.uop(UOps.ENDRANGE, None, (r,), cse=False)
+        self.scopes.pop()
+
+    # ***** index math: symbolic Node -> uops *****
+
+    def node(self, n: sint) -> UOp:
+        if isinstance(n, int):
+            return self.const(n, dtypes.int32)
+        if isinstance(n, NumNode):
+            return self.const(int(n.b), dtypes.int32)
+        if isinstance(n, Variable):
+            return self.index_vars[n] if n in self.index_vars else self.var_uops[n.expr]
+        if isinstance(n, MulNode):
+            return self.alu(BinaryOps.MUL, dtypes.int32, self.node(n.a), self.node(n.b))
+        if isinstance(n, DivNode):
+            return self.alu(BinaryOps.DIV, dtypes.int32, self.node(n.a), self.node(n.b))
+        if isinstance(n, ModNode):
+            return self.alu(BinaryOps.MOD, dtypes.int32, self.node(n.a), self.node(n.b))
+        if isinstance(n, LtNode):
+            return self.alu(BinaryOps.CMPLT, dtypes.bool, self.node(n.a), self.node(n.b))
+        if isinstance(n, (SumNode, AndNode)):
+            op, dt = (BinaryOps.ADD, dtypes.int32) if isinstance(n, SumNode) else (BinaryOps.AND, dtypes.bool)
+            parts = [self.node(x) for x in n.nodes]
+            out = parts[0]
+            for p in parts[1:]:
+                out = self.alu(op, dt, out, p)
+            return out
+        raise NotImplementedError(f"the linearizer cannot lower the index node {type(n).__name__}: {n}")
+
+    # ***** the kernel *****
+
+    def linearize(self) -> list[UOp]:
+        k = self.k
+        self.buffers: dict[int, UOp] = {}
+        for leaf in k.leaves:
+            if leaf.op is not BufferOps.CONST and leaf.arg.idx not in self.buffers:
+                self.buffers[leaf.arg.idx] = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(leaf.arg.dtype), (),
+                                                 (leaf.arg.idx, f"data{leaf.arg.idx}", leaf.op is BufferOps.STORE))
+        self.header.extend(self.buffers[idx] for idx in sorted(self.buffers))
+        shape_vars: set[Variable] = set()
+        for st in k.sts.values():
+            shape_vars |= st.vars()
+        for s in k.full_shape:
+            if isinstance(s, Node):
+                shape_vars |= s.vars()
+        for leaf in k.leaves:
+            if leaf.op is BufferOps.CONST and isinstance(leaf.arg.val, Variable):
+                shape_vars.add(leaf.arg.val)
+        self.variables = sorted(shape_vars, key=lambda v: v.expr)
+        self.var_uops = {v.expr: UOp(UOps.DEFINE_VAR, dtypes.int32, (), (v.expr, v.min, v.max)) for v in self.variables}
+        self.header.extend(self.var_uops.values())
+        self.index_vars: dict[Variable, UOp] = {}
+        self.ranges: list[UOp] = []
+        global_axes = list(range(k.first_reduce))
+        self.axis_vars = [Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
+                          for i, s in enumerate(k.full_shape)]
+        self._open_globals(global_axes)
+        self.ast_cache: dict[LazyOp, UOp] = {}
+        store = k.ast
+        value = self.lower(store.src[0], reduce_open=False)
+        out_idx, _ = self.index(store)
+        self.uop(UOps.STORE, None, (self.buffers[0], out_idx, value), cse=False)
+        for r in reversed(self.ranges):
+            self.close_range(r)
+        n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
+        iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
+        self.op_estimate = n_alu * iterations
+        self.mem_estimate = sum(leaf.arg.dtype.itemsize * leaf.arg.st.real_size() for leaf in k.leaves
+                                if leaf.op is not BufferOps.CONST)
+        self.uops = self.header + self.uops
+        return self.uops
+
+    def _open_globals(self, axes: list[int]) -> None:
+        k = self.k
+        sizes = [k.full_shape[a] for a in axes]
+        if self.k.opts.global_max is None:
+            for a, s in zip(axes, sizes):
+                r = self.open_range(self.const(0, dtypes.int32), self.node(s), a, False)
+                self.ranges.append(r)
+                self.index_vars[self.axis_vars[a]] = r
+            return
+        limit = self.k.opts.global_max
+        fits = len(axes) <= len(limit) and all(isinstance(s, int) and s <= m for s, m in zip(reversed(sizes), limit))
+        if fits:
+            # the innermost axis is grid dimension 0
+            for dim, a in enumerate(reversed(axes)):
+                self.index_vars[self.axis_vars[a]] = self.uop(UOps.SPECIAL, dtypes.int32, (),
+                                                              (dim, f"gidx{dim}", k.full_shape[a]), cse=False)
+            self.global_size = tuple(reversed(sizes)) + (1,) * (3 - len(sizes)) if sizes else (1, 1, 1)
+        else:  # too many axes for the grid: one flat index, split into the axes
+            total = prod(sizes)
+            flat = self.uop(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", total), cse=False)
+            stride = 1
+            for a, s in reversed(list(zip(axes, sizes))):
+                self.index_vars[self.axis_vars[a]] = self.alu(
+                    BinaryOps.MOD, dtypes.int32, self.alu(BinaryOps.DIV, dtypes.int32, flat, self.node(stride)),
+                    self.node(s))
+                stride = stride * s
+            self.global_size = (total, 1, 1)
+        self.local_size = (1, 1, 1)
+
+    def index(self, leaf: LazyOp) -> tuple[UOp, Optional[Node]]:
+        """The flat index uop of a buffer access, and its validity Node (None when always valid)."""
+        st = self.k.sts[leaf]
+        idxs: list[Node] = [NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(len(st.shape))]
+        idx, valid = st.expr_idxs(idxs)
+        valid_node = None if isinstance(valid, NumNode) and int(valid.b) == 1 else valid
+        return self.node(idx), valid_node
+
+    def lower(self, op: LazyOp, reduce_open: bool) -> UOp:
+        """The uop computing AST node `op` at the current position."""
+        if op in self.ast_cache and not reduce_open:
+            return self.ast_cache[op]
+        out = self._lower(op, reduce_open)
+        if not reduce_open:
+            self.ast_cache[op] = out
+        return out
+
+    def _lower(self, op: LazyOp, reduce_open: bool) -> UOp:
+        if op.op in ReduceOps:
+            return self.reduce(op)
+        if op.op is BufferOps.CONST:
+            dt = op.arg.dtype
+            val = self.var_uops[op.arg.val.expr] if isinstance(op.arg.val, Variable) else self.const(op.arg.val, dt)
+            if isinstance(op.arg.val, Variable) and dt != dtypes.int32:
+                val = self.uop(UOps.CAST, dt, (val,))
+            _, valid = self.index(op)
+            if valid is None:
+                return val
+            if isinstance(valid, NumNode):
+                return self.const(0, dt)
+            return self.alu(TernaryOps.WHERE, dt, self.node(valid), val, self.const(0, dt))
+        if op.op is BufferOps.LOAD:
+            dt = op.arg.dtype
+            idx, valid = self.index(op)
+            buf = self.buffers[op.arg.idx]
+            if valid is None:
+                return self.uop(UOps.LOAD, dt, (buf, idx))
+            if isinstance(valid, NumNode):
+                return self.const(0, dt)
+            return self.uop(UOps.LOAD, dt, (buf, idx, self.node(valid), self.const(0, dt)))
+        srcs = tuple(self.lower(s, reduce_open) for s in op.src)
+        if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
+            return self.uop(UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST, op.arg, srcs)
+        return self.alu(op.op, dtype_of(op), *srcs)
+
+    def reduce(self, op: LazyOp) -> UOp:
+        k = self.k
+        dt = dtype_of(op.src[0])
+        init = 0 if op.op is ReduceOps.SUM else dtypes.min(dt)
+        reduce_axes = list(range(k.first_reduce, k.shape_len))
+        acc = self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False)
+        loops = []
+        for a in reduce_axes:
+            r = self.open_range(self.const(0, dtypes.int32), self.node(k.full_shape[a]), a, True)
+            self.index_vars[self.axis_vars[a]] = r
+            loops.append(r)
+        val = self.lower(op.src[0], reduce_open=True)
+        self.uop(UOps.PHI, dt, (acc, self.alu(_REDUCE_ALU[op.op], dt, acc, val)), cse=False)
+        for r in reversed(loops):
+            self.close_range(r)
+        return acc

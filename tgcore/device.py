@@ -1,0 +1,356 @@
+"""Devices as the core sees them: the Device registry, Buffers, and the base classes a plugin's parts derive from."""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from tgcore.dtype import DType, dtypes
+from tgcore.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, getenv
+from tgcore.plugin import DeviceSpec, plugins
+
+
+class CompileError(Exception):
+    """A kernel failed to compile; carries the compiler's log and the source."""
+
+    def __init__(self, message: str, log: str = "", src: str = "") -> None:
+        super().__init__(f"{message}\n--- compiler log ---\n{log}\n--- source ---\n{src}" if log or src else message)
+        self.log, self.src = log, src
+
+
+class DeviceUnavailable(RuntimeError):
+    """A device was asked for that is unknown, or known but not usable here; the message says why."""
+
+
+# ***** the parts a plugin provides *****
+
+class Compiler:
+    """Turns source text into the bytes its device's Program loads."""
+
+    cachekey: Optional[str] = None  # the disk-cache table for this compiler's output, None to not cache on disk
+
+    def compile(self, src: str) -> bytes:
+        raise NotImplementedError(f"{type(self).__name__} does not implement compile")
+
+    def compile_cached(self, src: str) -> bytes:
+        """compile(src), remembered in memory and (when cachekey is set) in the sqlite disk cache."""
+        if (lib := self._memory_cache.get(src)) is not None:
+            return lib
+        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
+            lib = diskcache_get(self.cachekey, src)
+        if lib is None:
+            lib = self.compile(src)
+            if self.cachekey is not None:
+                diskcache_put(self.cachekey, src, lib)
+        self._memory_cache[src] = lib
+        return lib
+
+    @property
+    def _memory_cache(self) -> dict[str, bytes]:
+        if "_cache" not in self.__dict__:
+            self.__dict__["_cache"] = {}
+        return self.__dict__["_cache"]
+
+
+class Allocator:
+    """Device memory: alloc/free/copyin/copyout. `options` is None or a plugin-defined hashable."""
+
+    def alloc(self, size: int, options: Any = None) -> Any:
+        if size < 0:
+            raise ValueError(f"cannot allocate {size} bytes: expected a size >= 0")
+        return self._alloc(size, options)
+
+    def free(self, opaque: Any, size: int, options: Any = None) -> None:
+        self._free(opaque, options)
+
+    def _alloc(self, size: int, options: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement _alloc")
+
+    def _free(self, opaque: Any, options: Any) -> None:
+        pass
+
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement copyin")
+
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement copyout")
+
+
+class LRUAllocator(Allocator):
+    """An allocator that keeps freed buffers by (size, options) and hands them out again."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[int, Any], list[Any]] = defaultdict(list)
+
+    def alloc(self, size: int, options: Any = None) -> Any:
+        if len(cached := self.cache.get((size, options), [])):
+            return cached.pop()
+        try:
+            return super().alloc(size, options)
+        except (MemoryError, RuntimeError):
+            self.free_cache()
+            return super().alloc(size, options)
+
+    def free_cache(self) -> None:
+        """Really free every cached buffer."""
+        for (_, options), opaques in self.cache.items():
+            for opaque in opaques:
+                self._free(opaque, options)
+            opaques.clear()
+
+    def free(self, opaque: Any, size: int, options: Any = None) -> None:
+        if getenv("LRU", 1) and (options is None or not getattr(options, "nolru", False)):
+            self.cache[(size, options)].append(opaque)
+        else:
+            self._free(opaque, options)
+
+
+class MallocAllocator(LRUAllocator):
+    """Host memory from the C heap (through ctypes): the allocator of every CPU device."""
+
+    def _alloc(self, size: int, options: Any) -> Any:
+        return (ctypes.c_uint8 * size)()
+
+    def as_buffer(self, src: Any) -> memoryview:
+        return memoryview(src).cast("B") if len(src) else memoryview(b"")
+
+    def copyin(self, dest: Any, src: memoryview) -> None:
+        ctypes.memmove(dest, bytes(src) if src.readonly else (ctypes.c_char * src.nbytes).from_buffer(src), src.nbytes)
+
+    def copyout(self, dest: memoryview, src: Any) -> None:
+        ctypes.memmove((ctypes.c_char * dest.nbytes).from_buffer(dest), src, dest.nbytes)
+
+    def offset(self, buf: Any, size: int, offset: int) -> Any:
+        return (ctypes.c_uint8 * size).from_buffer(buf, offset)
+
+
+# ***** buffers *****
+
+@dataclass(frozen=True)
+class BufferOptions:
+    """Hints for an allocation."""
+
+    host: bool = False
+    nolru: bool = False
+
+
+class Buffer:
+    """`size` elements of `dtype` on `device`; memory is allocated on first use and freed with the object."""
+
+    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
+                 initial_value: Optional[bytes] = None, base: Optional[Buffer] = None, offset: int = 0) -> None:
+        if size < 0:
+            raise ValueError(f"buffer size must be >= 0, got {size}")
+        self.device, self.size, self.dtype, self.options = device, size, dtype, options
+        self.base, self.offset = base, offset  # a view into `base` starting at byte `offset`
+        self._opaque: Any = None
+        if opaque is not None:
+            self.allocate(opaque)
+        if initial_value is not None:
+            self.allocate()
+            self.copyin(memoryview(initial_value))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def is_allocated(self) -> bool:
+        return self._opaque is not None
+
+    def allocate(self, opaque: Any = None) -> Buffer:
+        """Give the buffer memory (its own, the given opaque, or a slice of its base)."""
+        if self._opaque is not None:
+            return self
+        allocator = Device[self.device].allocator
+        if self.base is not None:
+            self.base.allocate()
+            if not hasattr(allocator, "offset"):
+                raise NotImplementedError(f"device {self.device} cannot make buffer views: its allocator has no offset")
+            self._opaque = allocator.offset(self.base._opaque, self.nbytes, self.offset)
+        else:
+            self._opaque = opaque if opaque is not None else allocator.alloc(self.nbytes, self.options)
+            if opaque is None:
+                GlobalCounters.mem_used += self.nbytes
+        return self
+
+    def __del__(self) -> None:
+        if getattr(self, "_opaque", None) is None or self.base is not None:
+            return
+        try:
+            GlobalCounters.mem_used -= self.nbytes
+            Device[self.device].allocator.free(self._opaque, self.nbytes, self.options)
+        except Exception:  # interpreter shutdown: the memory goes with the process
+            pass
+
+    def __repr__(self) -> str:
+        return f"<buf device:{self.device} size:{self.size} dtype:{self.dtype}{' unallocated' if not self._opaque else ''}>"
+
+    def view(self, size: int, dtype: DType, offset: int) -> Buffer:
+        """A buffer over `size` elements of `dtype` starting `offset` bytes into this one."""
+        if offset + size * dtype.itemsize > self.nbytes:
+            raise ValueError(f"view of {size} x {dtype} at byte {offset} exceeds a buffer of {self.nbytes} bytes")
+        root = self.base if self.base is not None else self
+        return Buffer(self.device, size, dtype, base=root, offset=self.offset + offset)
+
+    def copyin(self, mv: memoryview) -> Buffer:
+        mv = mv.cast("B") if mv.nbytes else memoryview(b"")
+        if mv.nbytes != self.nbytes:
+            raise ValueError(f"copyin of {mv.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        self.allocate()
+        if self.nbytes:
+            Device[self.device].allocator.copyin(self._opaque, mv)
+        return self
+
+    def copyout(self, mv: memoryview) -> memoryview:
+        mv = mv.cast("B") if mv.nbytes else mv
+        if mv.nbytes != self.nbytes:
+            raise ValueError(f"copyout of a buffer of {self.nbytes} bytes into {mv.nbytes} bytes")
+        self.allocate()
+        if self.nbytes:
+            Device[self.device].synchronize()
+            Device[self.device].allocator.copyout(mv, self._opaque)
+        return mv
+
+    def as_buffer(self) -> memoryview:
+        """The contents as a memoryview (zero-copy where the allocator allows)."""
+        allocator = Device[self.device].allocator
+        if hasattr(allocator, "as_buffer"):
+            self.allocate()
+            Device[self.device].synchronize()
+            return allocator.as_buffer(self._opaque)
+        return self.copyout(memoryview(bytearray(self.nbytes)))
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the contents (bfloat16 comes back as float32)."""
+        raw = bytearray(self.nbytes)
+        self.copyout(memoryview(raw))
+        if self.dtype == dtypes.bfloat16:
+            return (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return np.frombuffer(raw, dtype=self.dtype.np)
+
+
+# ***** device instances and the registry *****
+
+class Compiled:
+    """One device instance: the four parts its plugins gave, bound to a name like "CLANG" or "CLANG:1"."""
+
+    def __init__(self, name: str, spec: DeviceSpec, renderer: Any, compiler: Compiler, allocator: Allocator,
+                 runtime: type) -> None:
+        self.name, self.spec, self.renderer, self.compiler, self.allocator, self.runtime = (
+            name, spec, renderer, compiler, allocator, runtime)
+
+    def synchronize(self) -> None:
+        """Wait for every queued operation on this device."""
+        if hasattr(self.allocator, "synchronize"):
+            self.allocator.synchronize()
+
+    def __repr__(self) -> str:
+        return f"<Compiled {self.name}>"
+
+
+_PARTS = ("tg_renderer", "tg_compiler", "tg_allocator", "tg_runtime")
+
+
+class _Device:
+    """`Device["CLANG"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to."""
+
+    def __init__(self) -> None:
+        self._instances: dict[str, Compiled] = {}
+        self._default: Optional[str] = None
+        self._unavailable: dict[str, str] = {}
+        plugins.on_change.append(self._reset)
+
+    def _reset(self) -> None:
+        self._instances.clear()
+        self._unavailable.clear()
+        self._default = None
+
+    @staticmethod
+    def canonicalize(name: Optional[str]) -> str:
+        """Upper case, `:0` dropped: "clang" -> "CLANG", "clang:0" -> "CLANG", "clang:1" -> "CLANG:1"."""
+        if name is None:
+            return Device.DEFAULT
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"device name must be a non-empty string, got {name!r}")
+        base, _, index = name.partition(":")
+        if index and not index.isdigit():
+            raise ValueError(f"bad device name {name!r}: expected NAME or NAME:N with N a number")
+        return base.upper() + (f":{int(index)}" if index and int(index) != 0 else "")
+
+    def specs(self) -> dict[str, DeviceSpec]:
+        plugins.load()
+        return plugins.registry.specs
+
+    def status(self, name: str) -> Optional[str]:
+        """None when device `name` is usable here, else the reason it is not."""
+        base = self.canonicalize(name).split(":")[0]
+        if base in self._unavailable:
+            return self._unavailable[base]
+        specs = self.specs()
+        if base in plugins.registry.rejected:
+            reason = plugins.registry.rejected[base]
+        elif base not in specs:
+            failed = [f"{r.name}: {r.error}" for r in plugins.records.values() if r.error]
+            reason = f"no installed plugin provides device {base}; available devices: {sorted(specs)}" + (
+                f"; plugins that failed to load: {'; '.join(failed)}" if failed else "")
+        else:
+            try:
+                reason = specs[base].probe()
+            except Exception as e:
+                reason = f"probe raised {type(e).__name__}: {e}"
+            if reason is None:
+                missing = [p[3:] for p in _PARTS if plugins.part(p, base) is None]
+                reason = f"no plugin provides its {', '.join(missing)}" if missing else None
+        if reason is not None:
+            self._unavailable[base] = reason
+        return reason
+
+    def __getitem__(self, name: str) -> Compiled:
+        full = self.canonicalize(name)
+        if (inst := self._instances.get(full)) is not None:
+            return inst
+        base = full.split(":")[0]
+        if (reason := self.status(base)) is not None:
+            raise DeviceUnavailable(f"device {full} is not available: {reason}")
+        try:
+            parts = [plugins.part(p, base) for p in _PARTS]
+        except Exception as e:
+            raise DeviceUnavailable(f"device {full}: a plugin part raised {type(e).__name__}: {e}") from e
+        inst = self._instances[full] = Compiled(full, self.specs()[base], *parts)
+        if DEBUG >= 1:
+            print(f"opened device {full} from plugin {plugins.registry.owner[base]}")
+        return inst
+
+    def available(self) -> list[str]:
+        """Names of the usable devices, highest priority first."""
+        specs = self.specs()
+        return sorted((n for n in specs if self.status(n) is None), key=lambda n: -specs[n].priority)
+
+    @property
+    def DEFAULT(self) -> str:
+        if self._default is None:
+            self._default = self.default_and_reason()[0]
+        return self._default
+
+    @DEFAULT.setter
+    def DEFAULT(self, name: str) -> None:
+        self._default = self.canonicalize(name)
+
+    def default_and_reason(self) -> tuple[str, str]:
+        """The default device and why it was chosen."""
+        if (env := os.environ.get("DEVICE")):
+            return self.canonicalize(env), "set by DEVICE"
+        for name in self.specs():
+            if os.environ.get(name, "") not in ("", "0"):
+                return name, f"set by {name}={os.environ[name]}"
+        available = self.available()
+        if not available:
+            raise DeviceUnavailable("no device is available; run `python -m tgcore devices` to see why")
+        return available[0], "the available device with the highest priority"
+
+
+Device = _Device()

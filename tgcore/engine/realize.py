@@ -1,0 +1,150 @@
+"""Lowering and running a schedule: each ScheduleItem becomes an ExecItem (a compiled kernel, a copy, ...)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from tgcore.codegen.kernel import Kernel
+from tgcore.device import Buffer, Device
+from tgcore.helpers import DEBUG, GlobalCounters, colored
+from tgcore.ops import BufferOps, LazyOp, LoadOps
+from tgcore.renderer import ProgramSpec
+from tgcore.shape.symbolic import Variable, sym_infer
+
+
+class Runner:
+    """Something an ExecItem runs on its buffers."""
+
+    display_name: str = ""
+    op_estimate: int = 0
+    mem_estimate: int = 0
+
+    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
+        raise NotImplementedError
+
+
+class CompiledRunner(Runner):
+    """A kernel compiled for its device, ready to launch."""
+
+    def __init__(self, device: str, p: ProgramSpec) -> None:
+        self.device, self.p = device, p
+        dev = Device[device]
+        if DEBUG >= 4:
+            print(p.src)
+        self.lib = dev.compiler.compile_cached(p.src)
+        self.clprg = dev.runtime(device, p.name, self.lib)
+        self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
+
+    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
+        gs = tuple(sym_infer(s, var_vals) for s in self.p.global_size) if self.p.global_size is not None else None
+        vals = tuple(var_vals[v] for v in self.p.variables)
+        kwargs: dict[str, Any] = {"vals": vals, "wait": wait}
+        if gs is not None:
+            kwargs["global_size"], kwargs["local_size"] = gs, self.p.local_size
+        return self.clprg(*[b._opaque for b in bufs], **kwargs)
+
+
+class BufferCopy(Runner):
+    """Copies a buffer to another device (or to another buffer of the same size)."""
+
+    display_name = "copy"
+
+    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
+        dest, src = bufs
+        if dest.nbytes != src.nbytes:
+            raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
+        st = time.perf_counter()
+        allocator = Device[dest.device].allocator
+        if hasattr(allocator, "transfer") and dest.device.split(":")[0] == src.device.split(":")[0]:
+            allocator.transfer(dest._opaque, src._opaque, dest.nbytes, src_dev=Device[src.device],
+                               dest_dev=Device[dest.device])
+        else:
+            dest.copyin(src.as_buffer())
+        return time.perf_counter() - st if wait else None
+
+
+class CustomRunner(Runner):
+    """Runs a Python function on the buffers (LoadOps.CUSTOM)."""
+
+    def __init__(self, fxn: Callable[..., None]) -> None:
+        self.fxn, self.display_name = fxn, getattr(fxn, "__name__", "custom")
+
+    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
+        self.fxn(*bufs)
+        return None
+
+
+class EmptyRunner(Runner):
+    """Allocation only."""
+
+    display_name = "empty"
+
+    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
+        return None
+
+
+_runner_cache: dict[tuple[str, LazyOp], CompiledRunner] = {}
+
+
+def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
+    """The compiled kernel for `ast` on `device` (lowered and compiled once per process)."""
+    key = (device, ast)
+    if (runner := _runner_cache.get(key)) is None:
+        runner = _runner_cache[key] = CompiledRunner(device, Kernel(ast, Device[device].renderer).to_program())
+    return runner
+
+
+@dataclass
+class ExecItem:
+    """A Runner bound to its buffers."""
+
+    prg: Runner
+    bufs: list[Buffer]
+
+    def run(self, var_vals: Optional[dict[Variable, int]] = None, wait: bool = False) -> Optional[float]:
+        for b in self.bufs:
+            b.allocate()
+        et = self.prg(self.bufs, var_vals or {}, wait=wait or DEBUG >= 2)
+        if isinstance(self.prg, CompiledRunner):
+            GlobalCounters.kernel_count += 1
+            GlobalCounters.global_ops += self.prg.op_estimate
+            GlobalCounters.global_mem += self.prg.mem_estimate
+        if et is not None:
+            GlobalCounters.time_sum_s += et
+        if DEBUG >= 2:
+            t = f"{et * 1e6:9.2f} us" if et is not None else " " * 12
+            print(f"{colored(f'*** {self.bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "
+                  f"{self.prg.display_name:40s} {t}  mem {GlobalCounters.mem_used / 1e6:8.2f} MB")
+        return et
+
+
+def lower_schedule_item(si: Any) -> ExecItem:
+    """The ExecItem that carries out one ScheduleItem."""
+    bufs = list(si.bufs)
+    if si.ast.op is BufferOps.STORE:
+        return ExecItem(get_runner(si.outputs[0].device, si.ast), bufs)
+    if si.ast.op is LoadOps.COPY:
+        return ExecItem(BufferCopy(), bufs)
+    if si.ast.op is LoadOps.CUSTOM:
+        return ExecItem(CustomRunner(si.ast.arg), bufs)
+    if si.ast.op is LoadOps.EMPTY:
+        return ExecItem(EmptyRunner(), bufs)
+    raise NotImplementedError(f"cannot lower a schedule item of {si.ast.op}")
+
+
+def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = None) -> None:
+    """Run every item in order, then mark its outputs realized."""
+    for si in schedule:
+        ei = lower_schedule_item(si)
+        capturing = _capturing[-1] if _capturing else None
+        ei.run(var_vals)
+        if capturing is not None:
+            capturing(ei, var_vals or {})
+        for out in si.outputs:
+            out.realized = out.buffer
+            out.srcs = ()
+
+
+# TinyJit registers a callback here while it records a function's kernels
+_capturing: list[Callable[[ExecItem, dict[Variable, int]], None]] = []

@@ -1,0 +1,210 @@
+"""The scheduler: turns the lazy graph behind some outputs into an ordered list of kernels (ScheduleItems).
+
+Fusion rules:
+- A chain of elementwise ops is one kernel: unrealized elementwise bases are inlined into whoever reads them,
+  through any view (reshape, permute, expand, shrink, flip; pad only when the inlined ops map 0 to 0).
+- Elementwise ops feeding a reduce join the reduce's kernel.
+- A reduce whose result is read, unmoved, by exactly one kernel of its own shape (through elementwise ops
+  only) joins that kernel too; otherwise it is a kernel of its own.
+- LoadOps (EMPTY, COPY, CONTIGUOUS, ASSIGN, CUSTOM) and the requested outputs are always realized.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgcore.lazy import LazyBuffer
+from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
+from tgcore.shape.shapetracker import ShapeTracker
+from tgcore.shape.symbolic import Node, Variable
+
+# elementwise ops with f(0, ..., 0) == 0: safe to compute on the zeros a pad's mask reads
+_PAD_SAFE = {UnaryOps.NEG, UnaryOps.SIN, UnaryOps.SQRT, UnaryOps.CAST, UnaryOps.BITCAST, BinaryOps.ADD, BinaryOps.SUB,
+             BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL,
+             BinaryOps.SHR, TernaryOps.WHERE, TernaryOps.MULACC}
+_ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
+
+
+@dataclass
+class ScheduleItem:
+    """One unit of work: a kernel AST (STORE root) or a LoadOps (COPY, EMPTY, CUSTOM), with its buffers."""
+
+    ast: LazyOp
+    outputs: tuple[LazyBuffer, ...]
+    inputs: tuple[LazyBuffer, ...]
+    var_vals: dict[Variable, int] = field(default_factory=dict)
+
+    @property
+    def bufs(self) -> tuple[Any, ...]:
+        return tuple(x.buffer for x in self.outputs) + tuple(x.base.buffer for x in self.inputs)
+
+
+class _Graph:
+    """The part of the lazy graph that is not realized yet, with the decision of what to realize."""
+
+    def __init__(self, outs: list[LazyBuffer]) -> None:
+        self.outs = outs
+        self.realizes: dict[LazyBuffer, None] = {b: None for b in outs}
+        self.children: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}  # base -> [(child, view read)]
+        self.seen: dict[LazyBuffer, None] = {}
+        self.masked_reads: list[LazyBuffer] = []
+        for b in outs:
+            self._walk(b)
+        for b in self.seen:
+            if b.op in ReduceOps:
+                self.realizes[b] = None
+        for b in self.masked_reads:
+            if b not in self.realizes and not self._pad_safe(b):
+                self.realizes[b] = None
+        self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
+        for b in list(self.seen):
+            if b.op in ReduceOps and b not in outs and not b.forced_realize:
+                self._try_fuse_reduce(b)
+
+    def _walk(self, b: LazyBuffer) -> None:
+        if b.realized is not None or b in self.seen:
+            return
+        self.seen[b] = None
+        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
+            self.realizes[b] = None
+        for src in b.srcs:
+            sb = src.base
+            self.children.setdefault(sb, []).append((b, src))
+            if sb.realized is not None:
+                continue
+            if b.op in (LoadOps.COPY, LoadOps.CUSTOM):
+                self.realizes[sb] = None
+            if src is not sb and sb.op is not LoadOps.CONST:
+                if sb.op in ReduceOps:
+                    self.realizes[sb] = None
+                elif any(v.mask is not None for v in src.st.views):
+                    self.masked_reads.append(sb)
+            self._walk(sb)
+
+    def _pad_safe(self, b: LazyBuffer) -> bool:
+        if b.realized is not None or b in self.realizes or b.op is LoadOps.CONST:
+            return True
+        return b.op in _PAD_SAFE and all(self._pad_safe(s.base) for s in b.srcs)
+
+    def _try_fuse_reduce(self, r: LazyBuffer) -> None:
+        group: dict[LazyBuffer, None] = {}
+        frontier = [r]
+        while frontier:
+            node = frontier.pop()
+            for child, view in self.children.get(node, []):
+                if view is not node or child.shape != r.shape:
+                    return  # read through a view: the reduce's index space does not match the reader's
+                if child in self.realizes:
+                    group[child] = None
+                elif isinstance(child.op, _ELEMENTWISE):
+                    frontier.append(child)
+                else:
+                    return
+        if len(group) != 1:
+            return
+        consumer = next(iter(group))
+        if consumer.op in ReduceOps or consumer.op in (LoadOps.COPY, LoadOps.CUSTOM, LoadOps.EMPTY):
+            return
+        fused = self.fused_reduces.setdefault(consumer, [])
+        key = (r.srcs[0].shape, r.arg)
+        if any((f.srcs[0].shape, f.arg) != key for f in fused):
+            return
+        fused.append(r)
+        del self.realizes[r]
+
+
+class _KernelBuilder:
+    """Builds the AST of the kernel that realizes one base, numbering the buffers it reads."""
+
+    def __init__(self, graph: _Graph, out: LazyBuffer) -> None:
+        self.graph, self.out = graph, out
+        self.inputs: list[LazyBuffer] = []
+        self.var_vals: dict[Variable, int] = {}
+        self.cache: dict[tuple[LazyBuffer, ShapeTracker], LazyOp] = {}
+
+    def _buffer_index(self, b: LazyBuffer) -> int:
+        if self.out.op is LoadOps.ASSIGN and b.buffer is self.out.buffer:
+            return 0  # reading the assign target reads the output buffer itself
+        if b not in self.inputs:
+            self.inputs.append(b)
+        return self.inputs.index(b) + 1
+
+    def _unbind(self, st: ShapeTracker) -> ShapeTracker:
+        st, var_vals = st.unbind()
+        self.var_vals.update(var_vals)
+        return st
+
+    def read(self, b: LazyBuffer, st: ShapeTracker) -> LazyOp:
+        """The AST that reads base `b` through `st` (kernel index space -> b's contiguous layout)."""
+        key = (b, st)
+        if key not in self.cache:
+            self.cache[key] = self._read(b, st)
+        return self.cache[key]
+
+    def _read(self, b: LazyBuffer, st: ShapeTracker) -> LazyOp:
+        if b.realized is not None or (b in self.graph.realizes and b is not self.out):
+            return LazyOp(BufferOps.LOAD, (), MemBuffer(self._buffer_index(b), b.dtype, self._unbind(st)))
+        if b.op is LoadOps.CONST:
+            val = b.arg
+            if isinstance(val, Node):
+                var, value = val.unbind() if isinstance(val, Variable) else (val, None)
+                if value is not None:
+                    self.var_vals[var] = value
+                val = var
+            return LazyOp(BufferOps.CONST, (), ConstBuffer(val, b.dtype, self._unbind(st)))
+        if b.op in ReduceOps:
+            src = b.srcs[0]
+            return LazyOp(b.op, (self.read(src.base, src.st),), b.arg)
+        if b.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN):
+            src = b.srcs[0]
+            return self.read(src.base, src.st + st)
+        return LazyOp(b.op, tuple(self.read(s.base, s.st + st) for s in b.srcs), b.arg)
+
+    def build(self) -> ScheduleItem:
+        b = self.out
+        if b.op in (LoadOps.EMPTY, LoadOps.COPY, LoadOps.CUSTOM):
+            inputs = tuple(s.base for s in b.srcs)
+            return ScheduleItem(LazyOp(b.op, (), b.arg), (b,), inputs)
+        value = self._read(b, ShapeTracker.from_shape(b.shape))
+        ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, b.dtype, ShapeTracker.from_shape(b.shape)))
+        return ScheduleItem(ast, (b,), tuple(self.inputs), self.var_vals)
+
+
+def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
+    """The ordered kernels that realize `outs`, and the values of the symbolic variables they use."""
+    bases = list(dict.fromkeys(x.base for x in outs if x.base.realized is None))
+    if not bases:
+        return [], {}
+    graph = _Graph(bases)
+    items: dict[LazyBuffer, ScheduleItem] = {b: _KernelBuilder(graph, b).build() for b in graph.realizes}
+    # an ASSIGN must run after every other kernel that reads the old contents of its target
+    after: dict[LazyBuffer, list[LazyBuffer]] = {b: [x for x in items[b].inputs if x in items] for b in items}
+    for b, si in items.items():
+        if b.op is LoadOps.ASSIGN:
+            target = b.srcs[1].base
+            after[b] += [o for o, other in items.items() if o is not b and target in other.inputs]
+    order: list[ScheduleItem] = []
+    state: dict[LazyBuffer, int] = {}
+
+    def visit(b: LazyBuffer) -> None:
+        if state.get(b) == 2:
+            return
+        if state.get(b) == 1:
+            raise RuntimeError(f"cycle in the schedule at {b}: an assign target is read by its own dependency")
+        state[b] = 1
+        for dep in after[b]:
+            visit(dep)
+        state[b] = 2
+        order.append(items[b])
+    for b in items:
+        visit(b)
+    var_vals: dict[Variable, int] = {}
+    for si in order:
+        var_vals.update(si.var_vals)
+    return order, var_vals
+
+
+def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
+    """The ordered kernels that realize `outs`."""
+    return create_schedule_with_vars(outs)[0]
+

@@ -1,0 +1,306 @@
+"""The differentiable functions: each one's forward and backward, written on LazyBuffer ops."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from tgcore.dtype import DType, dtypes, sum_acc_dtype
+from tgcore.helpers import argsort
+from tgcore.lazy import LazyBuffer
+from tgcore.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
+from tgcore.shape.symbolic import sint
+
+
+class Function:
+    """One differentiable op. `apply` runs forward on the inputs' LazyBuffers and records itself for backward."""
+
+    def __init__(self, device: str, *tensors: Any) -> None:
+        self.device = device
+        self.needs_input_grad = [t.requires_grad for t in tensors]
+        self.requires_grad = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+        if self.requires_grad:
+            self.parents = tensors
+
+    def forward(self, *args: Any, **kwargs: Any) -> LazyBuffer:
+        raise NotImplementedError(f"forward not implemented for {type(self).__name__}")
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"backward not implemented for {type(self).__name__}")
+
+    @classmethod
+    def apply(cls, *x: Any, **kwargs: Any) -> Any:
+        """Run this function on tensors `x`; the result is a tensor of the inputs' type."""
+        ctx = cls(x[0].device, *x)
+        tensor_type = type(x[0])
+        ret = tensor_type.__new__(tensor_type)
+        ret.lazydata, ret.requires_grad, ret.grad = ctx.forward(*[t.lazydata for t in x], **kwargs), ctx.requires_grad, None
+        ret._ctx = ctx if ctx.requires_grad and not tensor_type.no_grad else None
+        return ret
+
+
+class Contiguous(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        return x.contiguous()
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output
+
+
+class ContiguousBackward(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        return x
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.contiguous()
+
+
+class Cast(Function):
+    def forward(self, x: LazyBuffer, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+        self.input_dtype, self.bitcast = x.dtype, bitcast
+        return x.cast(dtype, bitcast)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.cast(self.input_dtype, self.bitcast)
+
+
+# ***** unary ops *****
+
+class Neg(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        return x.e(UnaryOps.NEG)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(UnaryOps.NEG)
+
+
+class Reciprocal(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.const(1).e(BinaryOps.DIV, x)
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.ret).e(BinaryOps.MUL, self.ret)
+
+
+class Sin(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return x.e(UnaryOps.SIN)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        # cos(x) = sin(pi/2 - x)
+        return self.x.const(math.pi / 2).e(BinaryOps.SUB, self.x).e(UnaryOps.SIN).e(BinaryOps.MUL, grad_output)
+
+
+class Relu(Function):
+    # max(x, 0) keeps NaN (numpy's maximum does); the gradient at 0 is 0
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.e(BinaryOps.MAX, x.const(0))
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return self.ret.const(0).e(BinaryOps.CMPLT, self.ret).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output)
+
+
+class Log(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return x.e(UnaryOps.LOG2).e(BinaryOps.MUL, x.const(math.log(2)))
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(BinaryOps.DIV, self.x)
+
+
+class Exp(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.e(BinaryOps.MUL, x.const(1 / math.log(2))).e(UnaryOps.EXP2)
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return self.ret.e(BinaryOps.MUL, grad_output)
+
+
+class Sqrt(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.e(UnaryOps.SQRT)
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(BinaryOps.DIV, self.ret.e(BinaryOps.MUL, self.ret.const(2)))
+
+
+class Sigmoid(Function):
+    # 1 / (1 + exp(-x)), through exp2
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.const(1).e(BinaryOps.DIV, x.const(1).e(
+            BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-1 / math.log(2))).e(UnaryOps.EXP2)))
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return self.ret.e(BinaryOps.MUL, self.ret.const(1).e(BinaryOps.SUB, self.ret)).e(BinaryOps.MUL, grad_output)
+
+
+class Sign(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.CMPEQ, x.const(0)).e(TernaryOps.WHERE, x.const(0),
+                                                  x.e(BinaryOps.CMPLT, x.const(0)).e(TernaryOps.WHERE, x.const(-1),
+                                                                                     x.const(1)))
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.const(0)  # as torch: the gradient of sign is 0 everywhere
+
+
+# ***** binary ops *****
+
+class Less(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.CMPLT, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return None, None
+
+
+class Eq(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.CMPEQ, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return None, None
+
+
+class Xor(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.XOR, y)
+
+
+class Add(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.ADD, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (grad_output if self.needs_input_grad[0] else None,
+                grad_output if self.needs_input_grad[1] else None)
+
+
+class Sub(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.SUB, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (grad_output if self.needs_input_grad[0] else None,
+                grad_output.e(UnaryOps.NEG) if self.needs_input_grad[1] else None)
+
+
+class Mul(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        self.x, self.y = x, y
+        return x.e(BinaryOps.MUL, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (self.y.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[0] else None,
+                self.x.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[1] else None)
+
+
+class Div(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        self.x, self.y = x, y
+        return x.e(BinaryOps.DIV, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (grad_output.e(BinaryOps.DIV, self.y) if self.needs_input_grad[0] else None,
+                grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x).e(BinaryOps.DIV, self.y.e(BinaryOps.MUL, self.y))
+                if self.needs_input_grad[1] else None)
+
+
+# ***** ternary ops *****
+
+class Where(Function):
+    def forward(self, x: LazyBuffer, y: LazyBuffer, z: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return self.x.e(TernaryOps.WHERE, y, z)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[None, Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (None,
+                self.x.e(TernaryOps.WHERE, grad_output, grad_output.const(0)) if self.needs_input_grad[1] else None,
+                self.x.e(TernaryOps.WHERE, grad_output.const(0), grad_output) if self.needs_input_grad[2] else None)
+
+
+# ***** reduce ops *****
+
+class Sum(Function):
+    def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+        self.input_shape = x.shape
+        return x.r(ReduceOps.SUM, axis)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.expand(self.input_shape)
+
+
+class Max(Function):
+    def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+        self.x, self.ret, self.axis = x, x.r(ReduceOps.MAX, axis), axis
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        # the gradient is shared equally among the positions that hold the max
+        max_is_1s = self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)).cast(dtypes.float)
+        div = max_is_1s.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
+        return max_is_1s.e(BinaryOps.DIV, div).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output.expand(self.x.shape))
+
+
+# ***** movement ops *****
+
+class Expand(Function):
+    # the backward of an expand is a sum over the expanded axes
+    def forward(self, x: LazyBuffer, shape: tuple[sint, ...]) -> LazyBuffer:
+        self.expanded_axis = tuple(i for i, (si, so) in enumerate(zip(x.shape, shape)) if si != so)
+        return x.expand(shape)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.cast(sum_acc_dtype(grad_output.dtype)).r(ReduceOps.SUM, self.expanded_axis).cast(
+            grad_output.dtype)
+
+
+class Reshape(Function):
+    def forward(self, x: LazyBuffer, shape: tuple[sint, ...]) -> LazyBuffer:
+        self.input_shape = x.shape
+        return x.reshape(shape)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.reshape(self.input_shape)
+
+
+class Permute(Function):
+    def forward(self, x: LazyBuffer, order: tuple[int, ...]) -> LazyBuffer:
+        self.input_order = order
+        return x.permute(order)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.permute(argsort(self.input_order))
+
+
+class Pad(Function):
+    def forward(self, x: LazyBuffer, arg: tuple[tuple[int, int], ...]) -> LazyBuffer:
+        self.narg = tuple((p[0], s + p[0]) for s, p in zip(x.shape, arg))
+        return x.pad(arg)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.shrink(self.narg)
+
+
+class Shrink(Function):
+    def forward(self, x: LazyBuffer, arg: tuple[tuple[sint, sint], ...]) -> LazyBuffer:
+        self.narg = tuple((p[0], s - p[1]) for s, p in zip(x.shape, arg))
+        return x.shrink(arg)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.pad(self.narg)
+
+
+class Flip(Function):
+    def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
+        self.arg = tuple(-1 if i in set(axis) else 1 for i in range(len(x.shape)))
+        return x.stride(self.arg)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.stride(self.arg)

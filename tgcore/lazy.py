@@ -1,0 +1,187 @@
+"""LazyBuffer: a node of the lazy graph. Nothing computes until a schedule realizes it.
+
+A *base* LazyBuffer holds an op (elementwise, reduce, or a LoadOps) and its sources and owns a Buffer. A *view*
+LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only change how a base is read).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from tgcore.device import Buffer
+from tgcore.dtype import ConstType, DType, dtypes, truncate
+from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.shape.shapetracker import ShapeTracker
+from tgcore.shape.symbolic import Node, sint
+
+
+class LazyBuffer:
+    """A lazily computed array on a device: a base with an op, or a view of a base."""
+
+    def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None,
+                 srcs: tuple[LazyBuffer, ...] = (), base: Optional[LazyBuffer] = None) -> None:
+        self.device, self.st, self.dtype = device, st, dtype
+        self.shape: tuple[sint, ...] = st.shape
+        self.size = st.size
+        self._base = base
+        if base is None:
+            self.op, self.arg, self.srcs = op, arg, srcs
+            self.realized: Optional[Buffer] = None
+            self.forced_realize = False
+            self.contiguous_child: Optional[weakref.ref[LazyBuffer]] = None
+            # an ASSIGN writes into the buffer of its target
+            self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, self.size, dtype)
+        else:
+            if base.base is not base:
+                raise ValueError("a view's base must be a base LazyBuffer")
+
+    def __repr__(self) -> str:
+        if self._base is not None:
+            return f"<LB view {self.device} {self.shape} {self.dtype} of {self._base!r}>"
+        state = "realized" if self.realized is not None else f"{self.op}"
+        return f"<LB {self.device} {self.shape} {self.dtype} {state}>"
+
+    @property
+    def base(self) -> LazyBuffer:
+        return self._base if self._base is not None else self
+
+    @property
+    def is_realized(self) -> bool:
+        return self.base.realized is not None
+
+    # ***** creation *****
+
+    @staticmethod
+    def loadop(op: LoadOps, shape: tuple[sint, ...], dtype: DType, device: str, arg: Any = None,
+               srcs: tuple[LazyBuffer, ...] = ()) -> LazyBuffer:
+        """A base LazyBuffer made by a LoadOps (EMPTY, CONST, CUSTOM, ...)."""
+        if op is LoadOps.CONST and not isinstance(arg, Node):
+            arg = truncate(arg, dtype)
+        return LazyBuffer(device, ShapeTracker.from_shape(shape), dtype, op, arg, srcs)
+
+    @staticmethod
+    def fromcpu(x: np.ndarray, device: str, dtype: Optional[DType] = None) -> LazyBuffer:
+        """A realized LazyBuffer holding a copy of the numpy array `x`."""
+        dt = dtype or dtypes.from_np(x.dtype)
+        ret = LazyBuffer.loadop(LoadOps.EMPTY, x.shape, dt, device)
+        ret.buffer.allocate().copyin(memoryview(np.ascontiguousarray(x).data))
+        ret.realized = ret.buffer
+        return ret
+
+    def const(self, val: ConstType, shape: Optional[tuple[sint, ...]] = None) -> LazyBuffer:
+        """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape)."""
+        shape = self.shape if shape is None else shape
+        return LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val).reshape(
+            (1,) * len(shape)).expand(shape)
+
+    def is_unrealized_const(self) -> bool:
+        return self.base.realized is None and self.base.op is LoadOps.CONST
+
+    def is_unrealized_unmasked_const(self) -> bool:
+        return self.is_unrealized_const() and all(v.mask is None for v in self.st.views)
+
+    # ***** ops that make a new base *****
+
+    def contiguous(self) -> LazyBuffer:
+        """This data in a buffer of its own, laid out contiguously (a no-op when it already is)."""
+        if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
+            ret = self._new(LoadOps.CONTIGUOUS, None, (self,))
+            if self._base is not None and self.st.contiguous is False:
+                self.base.contiguous_child = weakref.ref(ret)
+            return ret
+        return self
+
+    def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
+        """Convert each element to `dtype` (or reinterpret its bits when bitcast)."""
+        if self.dtype == dtype:
+            return self
+        if bitcast and self.dtype.itemsize != dtype.itemsize:
+            raise ValueError(f"cannot bitcast {self.dtype} to {dtype}: the item sizes differ")
+        if self.is_unrealized_unmasked_const() and not bitcast:
+            return LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, self.base.arg).reshape(
+                (1,) * len(self.shape)).expand(self.shape)
+        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype,
+                          UnaryOps.BITCAST if bitcast else UnaryOps.CAST, dtype, (self,))
+
+    def e(self, op: Union[UnaryOps, BinaryOps, TernaryOps], *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
+        """Elementwise `op` of this buffer and `in_srcs` (same shape and device)."""
+        srcs = (self, *in_srcs)
+        for s in srcs:
+            if s.shape != self.shape:
+                raise ValueError(f"{op} needs operands of one shape, got {[x.shape for x in srcs]}")
+            if s.device != self.device:
+                raise ValueError(f"{op} needs operands on one device, got {[x.device for x in srcs]}")
+        value_srcs = srcs[1:] if op is TernaryOps.WHERE else srcs
+        if any(s.dtype != value_srcs[0].dtype for s in value_srcs):
+            raise TypeError(f"{op} needs operands of one dtype, got {[s.dtype for s in value_srcs]}")
+        if op is TernaryOps.WHERE and self.dtype != dtypes.bool:
+            raise TypeError(f"WHERE needs a bool condition, got {self.dtype}")
+        out_dtype = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ) else value_srcs[0].dtype
+        if all(s.is_unrealized_unmasked_const() and not isinstance(s.base.arg, Node) for s in srcs):
+            folded = exec_alu(op, out_dtype, [np.array(s.base.arg, dtype=_np_type(s.dtype)) for s in srcs])
+            return LazyBuffer.loadop(LoadOps.CONST, (), out_dtype, self.device, folded.item()).reshape(
+                (1,) * len(self.shape)).expand(self.shape)
+        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), out_dtype, op, arg, srcs)
+
+    def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
+        """Reduce over `axis`, keeping those axes with size 1."""
+        axis = tuple(sorted({a for a in axis if self.shape[a] != 1}))
+        new_shape = tuple(1 if i in axis else s for i, s in enumerate(self.shape))
+        if not axis:
+            return self
+        if self.size == 0:  # a reduction of nothing is the op's identity
+            return self.const(0 if op is ReduceOps.SUM else dtypes.min(self.dtype), new_shape)
+        return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
+
+    def copy_to_device(self, device: str) -> LazyBuffer:
+        """This data on another device."""
+        if device == self.device:
+            return self
+        if self.is_unrealized_unmasked_const():
+            return LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, device, self.base.arg).reshape(
+                (1,) * len(self.shape)).expand(self.shape)
+        src = self.contiguous()
+        return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
+
+    def assign(self, x: LazyBuffer) -> LazyBuffer:
+        """Write `x` into this buffer's memory."""
+        if self.base is not self or not self.st.contiguous:
+            raise ValueError("assign needs a contiguous base buffer as its target")
+        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.ASSIGN, None, (x, self))
+
+    def _new(self, op: Op, arg: Any, srcs: tuple[LazyBuffer, ...]) -> LazyBuffer:
+        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, op, arg, srcs)
+
+    # ***** movement ops: views *****
+
+    def _view(self, st: ShapeTracker) -> LazyBuffer:
+        if st.size == 0 and self.size != 0:  # nothing to read: an empty buffer of the new shape
+            return LazyBuffer.loadop(LoadOps.EMPTY, st.shape, self.dtype, self.device)
+        if st.contiguous and st.shape == self.base.shape:
+            return self.base
+        return LazyBuffer(self.device, st, self.dtype, base=self.base)
+
+    def reshape(self, shape: tuple[sint, ...]) -> LazyBuffer:
+        return self._view(self.st.reshape(shape))
+
+    def pad(self, arg: tuple[tuple[sint, sint], ...]) -> LazyBuffer:
+        return self._view(self.st.pad(arg))
+
+    def expand(self, shape: tuple[sint, ...]) -> LazyBuffer:
+        return self._view(self.st.expand(shape))
+
+    def permute(self, order: tuple[int, ...]) -> LazyBuffer:
+        return self._view(self.st.permute(order))
+
+    def shrink(self, arg: tuple[tuple[sint, sint], ...]) -> LazyBuffer:
+        return self._view(self.st.shrink(arg))
+
+    def stride(self, arg: tuple[int, ...]) -> LazyBuffer:
+        return self._view(self.st.stride(arg))
+
+
+def _np_type(dt: DType) -> type:
+    return np.float32 if dt == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
+

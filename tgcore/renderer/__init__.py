@@ -1,0 +1,42 @@
+"""The Renderer base (what a device's code generator declares and does) and ProgramSpec (one rendered kernel)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from tgcore.codegen.uops import UOp
+
+
+class Renderer:
+    """Turns a UOp list into source text. Subclasses set the class attributes the kernel optimizer reads."""
+
+    device: str = ""
+    suffix: str = ""  # kernel name suffix, for debug listings
+    # None: the kernel's global dimensions become loops inside it (CPU style); else the maximum launch size per
+    # grid dimension (GPU style: one SPECIAL index per dimension, at most len(global_max) of them)
+    global_max: Optional[tuple[int, ...]] = None
+    local_max: Optional[tuple[int, ...]] = None
+    has_local: bool = False  # workgroups with local ids
+    has_shared: bool = False  # DEFINE_LOCAL memory and BARRIER
+    shared_max: int = 0  # bytes of shared memory per workgroup
+    supports_float4: bool = False  # vector loads and stores of 4 elements
+    tensor_cores: list[Any] = []
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        raise NotImplementedError(f"{type(self).__name__} does not implement render")
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """A rendered kernel: its source and how to launch it."""
+
+    name: str
+    src: str
+    device: str
+    global_size: Optional[tuple[int, ...]] = None
+    local_size: Optional[tuple[int, ...]] = None
+    variables: tuple[Any, ...] = ()  # symbolic Variables passed by value, in argument order
+    outputs: tuple[int, ...] = (0,)  # indices of the buffers the kernel writes
+    op_estimate: int = 0
+    mem_estimate: int = 0
+    uops: list[UOp] = field(default_factory=list, compare=False, repr=False)

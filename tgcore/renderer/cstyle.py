@@ -1,0 +1,225 @@
+"""The C-family renderer base: C, OpenCL C, CUDA C and Metal share this walk over the uops; dialects override
+the small methods and tables (types, how to spell an index, a barrier, a kernel signature, a bitcast).
+
+Every value becomes a local variable declared where it is computed; the target compiler inlines them.
+The op spellings keep numpy's semantics: NaN propagates through MAX, integer division by zero gives 0,
+INT_MIN / -1 wraps, shifts past the width give 0 (or -1 for a right shift of a negative number).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.dtype import DType, PtrDType, dtypes
+from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tgcore.renderer import Renderer
+
+
+class CStyleLanguage(Renderer):
+    """Renders uops as a C-like kernel."""
+
+    kernel_prefix: str = ""  # before the return type, e.g. "__kernel " or 'extern "C" __global__ '
+    buffer_prefix: str = ""  # before a buffer's element type, e.g. "__global "
+    buffer_suffix: str = " restrict"
+    arg_int_prefix: str = "const int"
+    smem_prefix: str = ""
+    barrier: str = ""
+    float4: Optional[str] = None
+    # SPECIAL index spelling, by the first letter of its name ("g"lobal / "l"ocal): fmt(dim) -> expression
+    code_for_workitem: dict[str, Callable[[int], str]] = {}
+    type_map: dict[DType, str] = {}
+    extra_args: list[str] = []
+    # the float type transcendental ops of half / bfloat16 compute in
+    float_compute: dict[DType, DType] = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32}
+    infinity: str = "INFINITY"
+    nan: str = "NAN"
+
+    # ***** spellings a dialect may override *****
+
+    def render_dtype(self, dt: DType) -> str:
+        base = dt.scalar() if not isinstance(dt, PtrDType) else dt.base
+        return self.type_map.get(base, base.name)
+
+    def render_const(self, val: object, dt: DType) -> str:
+        if dt == dtypes.bool:
+            return "1" if val else "0"
+        if dtypes.is_float(dt):
+            v = float(val)  # type: ignore[arg-type]
+            if math.isnan(v):
+                text = self.nan
+            elif math.isinf(v):
+                text = self.infinity if v > 0 else f"(-{self.infinity})"
+            else:
+                text = repr(v) + ("f" if dt != dtypes.float64 else "")
+                if "e" not in text and "." not in text:
+                    text = text.replace("f", ".0f") if dt != dtypes.float64 else text + ".0"
+            return text if dt in (dtypes.float32, dtypes.float64) else f"(({self.render_dtype(dt)}){text})"
+        v = int(val)  # type: ignore[call-overload]
+        bits = dt.itemsize * 8
+        if not dtypes.is_unsigned(dt) and v == -(2 ** (bits - 1)):
+            return f"(({self.render_dtype(dt)})({-(v + 1)}{'ll' if bits == 64 else ''}-1))"
+        suffix = {(True, 64): "ull", (False, 64): "ll", (True, 32): "u"}.get((dtypes.is_unsigned(dt), bits), "")
+        text = f"{v}{suffix}"
+        return text if bits >= 32 else f"(({self.render_dtype(dt)}){text})"
+
+    def render_cast(self, x: str, dt: DType) -> str:
+        return f"(({self.render_dtype(dt)})({x}))"
+
+    def render_bitcast(self, name: str, x: str, dt: DType) -> list[str]:
+        """Statements that declare `name` of type `dt` with the bits of `x`."""
+        t = self.render_dtype(dt)
+        return [f"{t} {name};", f"__builtin_memcpy(&{name}, &{x}, sizeof({t}));"]
+
+    def render_math(self, fn: str, x: str, dt: DType) -> str:
+        """A libm-style call: fn is exp2/log2/sin/sqrt; float32 uses the `f` variant."""
+        if dt == dtypes.float64:
+            return f"{fn}({x})"
+        if dt == dtypes.float32:
+            return f"{fn}f({x})"
+        compute = self.float_compute[dt]
+        return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
+
+    def render_kernel(self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]],
+                      local_size: Optional[list[int]] = None) -> str:
+        args = [f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}*{self.buffer_suffix} {n}"
+                if isinstance(dt, PtrDType) else f"{self.arg_int_prefix} {n}" for n, dt, writable in bufs]
+        body = "\n".join("  " + line for line in kernel)
+        return f"{self.kernel_prefix}void {name}({', '.join(args + self.extra_args)}) {{\n{body}\n}}"
+
+    # ***** op spellings *****
+
+    def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
+        a = srcs[0]
+        b = srcs[1] if len(srcs) > 1 else ""
+        is_float, signed = dtypes.is_float(src_dt), dtypes.is_int(src_dt) and not dtypes.is_unsigned(src_dt)
+        if op is UnaryOps.NEG:
+            return f"(!{a})" if src_dt == dtypes.bool else f"(-{a})"
+        if op is UnaryOps.EXP2:
+            return self.render_math("exp2", a, dt)
+        if op is UnaryOps.LOG2:
+            return self.render_math("log2", a, dt)
+        if op is UnaryOps.SIN:
+            return self.render_math("sin", a, dt)
+        if op is UnaryOps.SQRT:
+            return self.render_math("sqrt", a, dt)
+        if op in _INFIX:
+            return f"({a}{_INFIX[op]}{b})"
+        if op is BinaryOps.MAX:
+            return f"((({a})>({b})||({a})!=({a}))?({a}):({b}))" if is_float else f"(({a})>({b})?({a}):({b}))"
+        if op is BinaryOps.DIV:
+            if is_float:
+                return f"({a}/{b})"
+            return f"(({b})==0?0:(({b})==-1?(-{a}):({a}/{b})))" if signed else f"(({b})==0?0:({a}/{b}))"
+        if op is BinaryOps.MOD:
+            if is_float:
+                return self.render_math("fmod", f"{a},{b}", dt) if dt in (dtypes.float32, dtypes.float64) else \
+                    self.render_cast(f"fmodf((float)({a}),(float)({b}))", dt)
+            return f"((({b})==0{'||(' + b + ')==-1' if signed else ''})?0:({a}%{b}))"
+        if op in (BinaryOps.SHL, BinaryOps.SHR):
+            return self.render_shift(op, a, b, src_dt)
+        if op is TernaryOps.WHERE:
+            return f"({a}?{b}:{srcs[2]})"
+        if op is TernaryOps.MULACC:
+            return f"(({a}*{b})+{srcs[2]})"
+        raise NotImplementedError(f"{type(self).__name__} cannot render ALU op {op}")
+
+    def render_shift(self, op: Op, a: str, b: str, dt: DType) -> str:
+        bits = dt.itemsize * 8
+        t = self.render_dtype(dt)
+        unsigned = self.type_map.get(_UNSIGNED_OF.get(dt, dt), _UNSIGNED_OF.get(dt, dt).name)
+        out_of_range = f"(({b})<0||({b})>={bits})"
+        if op is BinaryOps.SHL:  # shift in the unsigned type: a left shift of a negative number is undefined in C
+            return f"({out_of_range}?0:(({t})(({unsigned})({a})<<({b}))))"
+        fill = f"(({a})<0?-1:0)" if dtypes.is_int(dt) and not dtypes.is_unsigned(dt) else "0"
+        return f"({out_of_range}?{fill}:(({a})>>({b})))"
+
+    # ***** the walk *****
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        names: dict[int, str] = {}
+        kernel: list[str] = []
+        bufs: list[tuple[str, DType, bool]] = []
+        depth = 0
+        counter: dict[str, int] = {}
+
+        def fresh(prefix: str) -> str:
+            counter[prefix] = counter.get(prefix, -1) + 1
+            return f"{prefix}{counter[prefix]}"
+
+        def emit(line: str) -> None:
+            kernel.append("  " * depth + line)
+
+        for u in uops:
+            s = [names.get(id(x), "") for x in u.src]
+            dt = u.dtype
+            if u.op is UOps.DEFINE_GLOBAL:
+                assert dt is not None
+                names[id(u)] = u.arg[1]
+                bufs.append((u.arg[1], dt, u.arg[2]))
+            elif u.op is UOps.DEFINE_VAR:
+                names[id(u)] = u.arg[0]
+                bufs.append((u.arg[0], dtypes.int32, False))
+            elif u.op is UOps.DEFINE_LOCAL:
+                assert dt is not None
+                names[id(u)] = u.arg[0]
+                emit(f"{self.smem_prefix}{self.render_dtype(dt)} {u.arg[0]}[{u.arg[1]}];")
+            elif u.op is UOps.CONST:
+                assert dt is not None
+                names[id(u)] = self.render_const(u.arg, dt)
+            elif u.op is UOps.SPECIAL:
+                names[id(u)] = u.arg[1]
+                emit(f"int {u.arg[1]} = {self.code_for_workitem[u.arg[1][0]](u.arg[0])}; /* {u.arg[2]} */")
+            elif u.op is UOps.RANGE:
+                n = names[id(u)] = fresh("ridx" if u.arg[1] else "gidx")
+                emit(f"for (int {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
+                depth += 1
+            elif u.op in (UOps.ENDRANGE, UOps.ENDIF):
+                depth -= 1
+                emit("}")
+            elif u.op is UOps.IF:
+                emit(f"if ({s[0]}) {{")
+                depth += 1
+            elif u.op is UOps.BARRIER:
+                emit(self.barrier)
+            elif u.op is UOps.DEFINE_ACC:
+                assert dt is not None
+                n = names[id(u)] = fresh("acc")
+                emit(f"{self.render_dtype(dt)} {n} = {self.render_const(u.arg, dt)};")
+            elif u.op is UOps.PHI:
+                emit(f"{s[0]} = {s[1]};")
+                names[id(u)] = s[0]
+            elif u.op is UOps.LOAD:
+                assert dt is not None
+                n = names[id(u)] = fresh("val")
+                load = f"{s[0]}[{s[1]}]"
+                emit(f"{self.render_dtype(dt)} {n} = {f'({s[2]})?({load}):({s[3]})' if len(s) == 4 else load};")
+            elif u.op is UOps.STORE:
+                store = f"{s[0]}[{s[1]}] = {s[2]};"
+                emit(f"if ({s[3]}) {store}" if len(s) == 4 else store)
+            elif u.op is UOps.ALU:
+                assert dt is not None and u.src[0].dtype is not None
+                src_dt = u.src[-1].dtype if u.arg is TernaryOps.WHERE else u.src[0].dtype
+                assert src_dt is not None
+                n = names[id(u)] = fresh("alu")
+                emit(f"{self.render_dtype(dt)} {n} = {self.render_alu(u.arg, s, dt, src_dt)};")
+            elif u.op is UOps.CAST:
+                assert dt is not None
+                n = names[id(u)] = fresh("cast")
+                emit(f"{self.render_dtype(dt)} {n} = {self.render_cast(s[0], dt)};")
+            elif u.op is UOps.BITCAST:
+                assert dt is not None
+                n = names[id(u)] = fresh("bitcast")
+                for line in self.render_bitcast(n, s[0], dt):
+                    emit(line)
+            else:
+                raise NotImplementedError(f"{type(self).__name__} cannot render uop {u.op}")
+        return self.render_kernel(name, kernel, bufs)
+
+
+_INFIX: dict[Op, str] = {
+    BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
+    BinaryOps.XOR: "^", BinaryOps.AND: "&", BinaryOps.OR: "|",
+}
+_UNSIGNED_OF: dict[DType, DType] = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int32: dtypes.uint32,
+                                    dtypes.int64: dtypes.uint64}

@@ -1,0 +1,234 @@
+"""The built-in PYTHON device: a UOp interpreter, registered through the same hooks as any plugin.
+
+Its renderer serializes the UOp list to JSON; its "compiler" returns those bytes; its Program interprets them.
+Global dimensions are launched like a GPU grid (one SPECIAL per dimension) and all grid positions execute at
+once as numpy lanes, so the interpreter is exact (it uses `tgcore.ops.exec_alu`) and fast enough for tests.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import numpy as np
+
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.device import Compiler, MallocAllocator
+from tgcore.dtype import DTYPES_DICT, DType, PtrDType, dtypes
+from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.renderer import Renderer
+
+_ENUMS = {e.__name__: e for e in (UnaryOps, BinaryOps, TernaryOps)}
+
+
+def _encode_arg(arg: Any) -> Any:
+    if isinstance(arg, tuple):
+        return {"t": [_encode_arg(a) for a in arg]}
+    if isinstance(arg, (UnaryOps, BinaryOps, TernaryOps)):
+        return {"op": f"{type(arg).__name__}.{arg.name}"}
+    if isinstance(arg, float):
+        return {"f": repr(arg)}
+    if arg is None or isinstance(arg, (bool, int, str)):
+        return arg
+    raise NotImplementedError(f"the PYTHON renderer cannot serialize the uop argument {arg!r}")
+
+
+def _decode_arg(arg: Any) -> Any:
+    if isinstance(arg, dict):
+        if "t" in arg:
+            return tuple(_decode_arg(a) for a in arg["t"])
+        if "op" in arg:
+            enum, name = arg["op"].split(".")
+            return _ENUMS[enum][name]
+        return float(arg["f"])
+    return arg
+
+
+def _encode_dtype(dt: Optional[DType]) -> Any:
+    return None if dt is None else [dt.name, isinstance(dt, PtrDType)]
+
+
+def _decode_dtype(enc: Any) -> Optional[DType]:
+    if enc is None:
+        return None
+    dt = DTYPES_DICT[enc[0]]
+    return PtrDType.of(dt) if enc[1] else dt
+
+
+class PythonRenderer(Renderer):
+    """Serializes uops to JSON text."""
+
+    device = "PYTHON"
+    global_max = (2**31 - 1, 2**31 - 1, 2**31 - 1)
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        index = {id(u): i for i, u in enumerate(uops)}
+        rows = []
+        for u in uops:
+            if u.op not in UOps:
+                raise NotImplementedError(f"PYTHON cannot render uop {u.op}")
+            rows.append([u.op.name, _encode_dtype(u.dtype), [index[id(s)] for s in u.src], _encode_arg(u.arg)])
+        return json.dumps({"name": name, "uops": rows})
+
+
+class PythonCompiler(Compiler):
+    """Checks the serialized program parses; the bytes are the program."""
+
+    def compile(self, src: str) -> bytes:
+        from tgcore.device import CompileError
+        try:
+            json.loads(src)["uops"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CompileError(f"PYTHON program does not parse: {e}", log=str(e), src=src) from e
+        return src.encode()
+
+
+def _np_type(dt: DType) -> type:
+    return np.float32 if dt.scalar() == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
+
+
+class PythonProgram:
+    """Interprets a serialized uop list over numpy lanes."""
+
+    def __init__(self, device: str, name: str, lib: bytes) -> None:
+        self.device, self.name = device, name
+        rows = json.loads(lib.decode())["uops"]
+        self.uops = [(UOps[op], _decode_dtype(dt), tuple(src), _decode_arg(arg)) for op, dt, src, arg in rows]
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] = (1, 1, 1),
+                 vals: tuple[int, ...] = (), wait: bool = False) -> Optional[float]:
+        lanes = int(np.prod(global_size)) if global_size else 1
+        # lane index -> grid position; dimension 0 varies fastest
+        grid = np.indices(tuple(reversed(global_size)) if global_size else (1,)).reshape(len(global_size or (1,)), -1)
+        grid = grid[::-1]
+        values: list[Any] = [None] * len(self.uops)
+        var_iter = iter(vals)
+        pc = 0
+        while pc < len(self.uops):
+            op, dt, src, arg = self.uops[pc]
+            s = [values[i] for i in src]
+            if op is UOps.DEFINE_GLOBAL:
+                assert dt is not None
+                raw = bufs[arg[0]]
+                values[pc] = np.frombuffer(raw, dtype=_np_type(dt)) if len(raw) else np.zeros(0, _np_type(dt))
+                if dt.scalar() == dtypes.bfloat16:
+                    values[pc] = _BF16View(raw)
+            elif op is UOps.DEFINE_VAR:
+                values[pc] = np.int32(next(var_iter))
+            elif op is UOps.CONST:
+                assert dt is not None
+                values[pc] = np.array(arg, dtype=_np_type(dt))
+            elif op is UOps.SPECIAL:
+                if not arg[1].startswith("gidx"):
+                    raise NotImplementedError(f"PYTHON has no local dimensions, got {arg[1]}")
+                values[pc] = grid[arg[0]].astype(np.int32)
+            elif op is UOps.DEFINE_ACC:
+                assert dt is not None
+                values[pc] = np.full(lanes, arg, dtype=_np_type(dt))
+            elif op is UOps.RANGE:
+                values[pc] = np.int32(s[0])  # ENDRANGE jumps back past the RANGE, so this runs once per entry
+                if values[pc] >= s[1]:  # empty loop: skip to after its ENDRANGE
+                    pc = self._end_of(pc) + 1
+                    continue
+            elif op is UOps.ENDRANGE:
+                rng = src[0]
+                values[rng] = np.int32(values[rng] + 1)
+                if values[rng] < values[self.uops[rng][2][1]]:
+                    pc = rng + 1
+                    continue
+            elif op is UOps.LOAD:
+                assert dt is not None
+                buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
+                if len(s) == 4:
+                    gate = np.broadcast_to(s[2], (lanes,))
+                    safe = np.where(gate, idx, 0)
+                    got = buf[safe] if len(buf) else np.zeros(lanes, _np_type(dt))
+                    values[pc] = np.where(gate, got, s[3]).astype(_np_type(dt))
+                else:
+                    values[pc] = buf[idx]
+            elif op is UOps.STORE:
+                buf, idx, val = s[0], np.broadcast_to(s[1], (lanes,)), np.broadcast_to(s[2], (lanes,))
+                if len(s) == 4:
+                    gate = np.broadcast_to(s[3], (lanes,))
+                    idx, val = idx[gate], val[gate]
+                buf[idx] = val
+            elif op is UOps.ALU:
+                assert dt is not None
+                values[pc] = exec_alu(arg, dt, [np.asarray(x) for x in s])
+            elif op is UOps.CAST:
+                assert dt is not None
+                values[pc] = _cast(np.asarray(s[0]), dt)
+            elif op is UOps.BITCAST:
+                assert dt is not None
+                values[pc] = _bitcast(np.asarray(s[0]), self.uops[src[0]][1], dt)
+            elif op is UOps.PHI:
+                values[src[0]] = values[pc] = np.broadcast_to(s[1], (lanes,)).copy()
+            elif op in (UOps.IF, UOps.ENDIF, UOps.BARRIER):
+                raise NotImplementedError(f"PYTHON does not interpret {op}")
+            pc += 1
+        return None
+
+    def _end_of(self, rng: int) -> int:
+        return next(i for i, (op, _, src, _) in enumerate(self.uops) if op is UOps.ENDRANGE and src[0] == rng)
+
+
+class _BF16View:
+    """A bfloat16 buffer read and written as float32 values."""
+
+    def __init__(self, raw: Any) -> None:
+        self.bits = np.frombuffer(raw, dtype=np.uint16) if len(raw) else np.zeros(0, np.uint16)
+
+    def __len__(self) -> int:
+        return len(self.bits)
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        return (self.bits[idx].astype(np.uint32) << 16).view(np.float32)
+
+    def __setitem__(self, idx: Any, val: Any) -> None:
+        from tgcore.dtype import bf16_round
+        self.bits[idx] = (bf16_round(np.asarray(val, dtype=np.float32)).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _cast(x: np.ndarray, dt: DType) -> np.ndarray:
+    from tgcore.dtype import bf16_round
+    with np.errstate(all="ignore"):
+        if dt == dtypes.bool:
+            return x != 0
+        out = x.astype(_np_type(dt))
+    return bf16_round(out) if dt == dtypes.bfloat16 else out
+
+
+def _bitcast(x: np.ndarray, from_dt: Optional[DType], dt: DType) -> np.ndarray:
+    assert from_dt is not None
+    if from_dt == dtypes.bfloat16:
+        x = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    out = np.ascontiguousarray(x.astype(x.dtype)).view(np.uint16 if dt == dtypes.bfloat16 else _np_type(dt))
+    return (out.astype(np.uint32) << 16).view(np.float32) if dt == dtypes.bfloat16 else out
+
+
+# ***** registration, through the same hooks as any plugin *****
+
+@hookimpl
+def tg_register_devices(registry: Any) -> None:
+    registry.add(DeviceSpec("PYTHON", PLUGIN_API_VERSION, priority=0,
+                            description="built-in UOp interpreter (numpy), for tests; needs no compiler"))
+
+
+@hookimpl
+def tg_renderer(device: str) -> Optional[Renderer]:
+    return PythonRenderer() if device == "PYTHON" else None
+
+
+@hookimpl
+def tg_compiler(device: str) -> Optional[Compiler]:
+    return PythonCompiler() if device == "PYTHON" else None
+
+
+@hookimpl
+def tg_allocator(device: str) -> Optional[MallocAllocator]:
+    return MallocAllocator() if device == "PYTHON" else None
+
+
+@hookimpl
+def tg_runtime(device: str) -> Optional[type]:
+    return PythonProgram if device == "PYTHON" else None

@@ -1,0 +1,1 @@
+"""Shape layer: symbolic integer expressions (symbolic.py), strided views (view.py) and ShapeTrackers."""
