@@ -58,7 +58,7 @@ class CStyleLanguage(Renderer):
         v = int(val)  # type: ignore[call-overload]
         bits = dt.itemsize * 8
         if not dtypes.is_unsigned(dt) and v == -(2 ** (bits - 1)):
-            return f"(({self.render_dtype(dt)})({-(v + 1)}{'ll' if bits == 64 else ''}-1))"
+            return f"(({self.render_dtype(dt)})({v + 1}{'ll' if bits == 64 else ''}-1))"
         suffix = {(True, 64): "ull", (False, 64): "ll", (True, 32): "u"}.get((dtypes.is_unsigned(dt), bits), "")
         text = f"{v}{suffix}"
         return text if bits >= 32 else f"(({self.render_dtype(dt)}){text})"

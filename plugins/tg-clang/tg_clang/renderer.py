@@ -1,0 +1,40 @@
+"""The C dialect of the C-family renderer: one uniform kernel signature `void name(void **bufs, const int *vals)`."""
+from __future__ import annotations
+
+from typing import Optional
+
+from tgcore.dtype import DType, PtrDType, dtypes
+from tgcore.renderer.cstyle import CStyleLanguage
+
+_HEADER = "#include <math.h>\n"
+
+
+class ClangRenderer(CStyleLanguage):
+    """C99 with gcc/clang builtins; global dimensions are loops."""
+
+    device = "CLANG"
+    global_max = None
+    type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.int64: "long long",
+                dtypes.uint64: "unsigned long long"}
+    infinity = "__builtin_inff()"
+    nan = "__builtin_nanf(\"\")"
+
+    def render_const(self, val: object, dt: DType) -> str:
+        text = super().render_const(val, dt)
+        if dt == dtypes.float64:  # the float spellings of inf and nan, widened
+            text = text.replace("__builtin_inff()", "__builtin_inf()").replace('__builtin_nanf("")', '__builtin_nan("")')
+        return text
+
+    def render_kernel(self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]],
+                      local_size: Optional[list[int]] = None) -> str:
+        prologue, n_buf, n_var = [], 0, 0
+        for n, dt, writable in bufs:
+            if isinstance(dt, PtrDType):
+                t = self.render_dtype(dt)
+                prologue.append(f"  {'' if writable else 'const '}{t}* restrict {n} = ({t}*)bufs[{n_buf}];")
+                n_buf += 1
+            else:
+                prologue.append(f"  const int {n} = vals[{n_var}];")
+                n_var += 1
+        body = "\n".join("  " + line for line in kernel)
+        return f"{_HEADER}void {name}(void **bufs, const int *vals) {{\n" + "\n".join(prologue) + f"\n{body}\n}}\n"

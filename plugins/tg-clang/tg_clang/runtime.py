@@ -1,0 +1,36 @@
+"""Loads a compiled shared object through cffi and calls its kernel."""
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import time
+from typing import Any, Optional
+
+from cffi import FFI
+
+
+class ClangProgram:
+    """One kernel of a shared object: `void name(void **bufs, const int *vals)`."""
+
+    def __init__(self, device: str, name: str, lib: bytes) -> None:
+        self.device, self.name = device, name
+        self.ffi = FFI()
+        self.ffi.cdef(f"void {name}(void **bufs, const int *vals);")
+        fd, path = tempfile.mkstemp(prefix="tg_clang_", suffix=".so")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(lib)
+            self.lib = self.ffi.dlopen(path)
+        finally:
+            os.unlink(path)  # the loaded library stays mapped
+        self.fxn = getattr(self.lib, name)
+
+    def __call__(self, *bufs: Any, global_size: Optional[tuple[int, ...]] = None,
+                 local_size: Optional[tuple[int, ...]] = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> Optional[float]:
+        ptrs = self.ffi.new("void*[]", [self.ffi.cast("void*", ctypes.addressof(b)) for b in bufs] or [self.ffi.NULL])
+        ints = self.ffi.new("int[]", list(vals) or [0])
+        st = time.perf_counter()
+        self.fxn(ptrs, ints)
+        return time.perf_counter() - st if wait else None

@@ -1,0 +1,1 @@
+"""Code generation: a kernel's AST to the UOp IR."""

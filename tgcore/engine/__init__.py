@@ -1,0 +1,1 @@
+"""The engine: scheduling, lowering and running kernels."""

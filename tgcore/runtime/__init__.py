@@ -1,0 +1,1 @@
+"""Devices built into the core."""
