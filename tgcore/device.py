@@ -236,7 +236,7 @@ class Buffer:
 # ***** device instances and the registry *****
 
 class Compiled:
-    """One device instance: the four parts its plugins gave, bound to a name like "CLANG" or "CLANG:1"."""
+    """One device instance: the four parts its plugins gave, bound to a name like "MYDEV" or "MYDEV:1"."""
 
     def __init__(self, name: str, spec: DeviceSpec, renderer: Any, compiler: Compiler, allocator: Allocator,
                  runtime: type) -> None:
@@ -256,7 +256,7 @@ _PARTS = ("tg_renderer", "tg_compiler", "tg_allocator", "tg_runtime")
 
 
 class _Device:
-    """`Device["CLANG"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to."""
+    """`Device["MYDEV"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to."""
 
     def __init__(self) -> None:
         self._instances: dict[str, Compiled] = {}
@@ -271,7 +271,7 @@ class _Device:
 
     @staticmethod
     def canonicalize(name: Optional[str]) -> str:
-        """Upper case, `:0` dropped: "clang" -> "CLANG", "clang:0" -> "CLANG", "clang:1" -> "CLANG:1"."""
+        """Upper case, `:0` dropped: "mydev" -> "MYDEV", "mydev:0" -> "MYDEV", "mydev:1" -> "MYDEV:1"."""
         if name is None:
             return Device.DEFAULT
         if not isinstance(name, str) or not name:

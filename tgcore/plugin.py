@@ -41,7 +41,7 @@ DEFAULT_TOLERANCES: dict[DType, tuple[float, float]] = {
 class DeviceSpec:
     """What a plugin says about one device it provides."""
 
-    name: str  # canonical upper-case name, e.g. "CLANG"
+    name: str  # canonical upper-case name, e.g. "MYDEV"
     api_version: int  # the PLUGIN_API_VERSION the plugin was written for
     priority: int = 0  # the highest-priority available device is the default
     probe: Callable[[], Optional[str]] = lambda: None  # None when usable here, else why not
@@ -67,7 +67,7 @@ class HookSpecs:
 
     @hookspec(firstresult=True)
     def tg_allocator(self, device: str) -> Any:
-        """An Allocator instance for `device` (one per device instance, e.g. per `CLANG:1`), or None."""
+        """An Allocator instance for `device` (one per device instance, e.g. per `MYDEV:1`), or None."""
 
     @hookspec(firstresult=True)
     def tg_runtime(self, device: str) -> Any:

@@ -2,13 +2,23 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tgcore.shape.shapetracker import ShapeTracker
-from tgcore.shape.symbolic import (AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable,
-                                   sym_infer)
+from tgcore.shape.symbolic import (
+    AndNode,
+    DivNode,
+    LtNode,
+    ModNode,
+    MulNode,
+    Node,
+    NumNode,
+    SumNode,
+    Variable,
+    sym_infer,
+)
 from tgcore.shape.view import View
-
 
 # ---- helpers --------------------------------------------------------------------------------------
 
@@ -219,6 +229,27 @@ def test_compose_matches_chain(case, data):
     composed = first + second
     assert composed.shape == ref.shape
     np.testing.assert_array_equal(st_values(composed, buf), ref)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains(max_ops=5), st.data())
+def test_view_add_matches_two_views(case, data):
+    shape, ops = case
+    buf, ref, inner = run_chain(shape, ops)
+    outer = ShapeTracker.from_shape(ref.shape)
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(op_for(outer.shape))
+        ref = apply_np(ref, op)
+        outer = apply_st(outer, op)
+    vm2, vm1 = inner.views[-1], outer.views[-1]
+    if len(outer.views) != 1:
+        return
+    two = ShapeTracker(inner.views + (vm1,))
+    np.testing.assert_array_equal(st_values(two, buf), ref)
+    merged = vm2 + vm1
+    if merged is not None:
+        assert merged.shape == vm1.shape
+        np.testing.assert_array_equal(st_values(ShapeTracker(inner.views[:-1] + (merged,)), buf), ref)
 
 
 @st.composite

@@ -1,10 +1,24 @@
 import itertools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tgcore.shape.symbolic import (NODE_KINDS, AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode,
-                                   Variable, create_lt_node, sym_infer, sym_render)
+from tgcore.shape.symbolic import (
+    NODE_KINDS,
+    AndNode,
+    DivNode,
+    LtNode,
+    ModNode,
+    MulNode,
+    Node,
+    NumNode,
+    SumNode,
+    Variable,
+    create_lt_node,
+    sym_infer,
+    sym_render,
+)
 
 a = Variable("a", 0, 7)
 b = Variable("b", 0, 3)

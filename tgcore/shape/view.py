@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Set, Tuple, Union
+from typing import List, Optional, Sequence, Set, Tuple
 
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint
 
@@ -278,7 +278,8 @@ class View:
             raise ValueError(f"stride {mul} needs nonzero ints")
         shape = tuple(s if abs(m) == 1 else _ceil_div(s, abs(m)) for s, m in zip(self.shape, mul))
         strides = tuple(_canon(st * m) for st, m in zip(self.strides, mul))
-        offset = _canon(self.offset + sum(((s - 1) * st for s, st, m in zip(self.shape, self.strides, mul) if m < 0), 0))
+        flipped = ((s - 1) * st for s, st, m in zip(self.shape, self.strides, mul) if m < 0)
+        offset = _canon(self.offset + sum(flipped, 0))
         mask = None
         if self.mask is not None:
             mask = []
@@ -307,7 +308,7 @@ class View:
         if any(s == 0 for s in self.shape):
             return View.create(new_shape)
         if self.mask is not None and any(_is_empty(b, e) for b, e in self.mask):
-            return View.create(new_shape, mask=((0, 0),) * len(new_shape))
+            return _all_invalid(new_shape)
         old = [(s, st, m) for s, st, m in zip(self.shape, self.strides, self._mask_or_full()) if s != 1]
         new = [s for s in new_shape if s != 1]
         blocks = _group_blocks([s for s, _, _ in old], new)
@@ -349,8 +350,7 @@ class View:
             return vm2
         if vm1.contiguous and _same_size(vm1.shape, vm2.shape):
             return vm2.reshape(vm1.shape)
-        n1 = len(vm1.shape)
-        all_invalid = View.create(vm1.shape, mask=((0, 0),) * n1)
+        all_invalid = _all_invalid(vm1.shape)
         if any(s == 0 for s in vm1.shape):
             return View.create(vm1.shape)
         if vm2.mask is not None and any(_is_empty(b, e) for b, e in vm2.mask):
@@ -407,6 +407,11 @@ class View:
             return self
         ret = self.reshape(new_shape)
         return self if ret is None else ret
+
+
+def _all_invalid(shape: Tuple[sint, ...]) -> Optional[View]:
+    """The view where nothing is valid; None for 0-d shapes, where a mask cannot say so."""
+    return View.create(shape, mask=((0, 0),) * len(shape)) if shape else None
 
 
 # ---- reshape internals ------------------------------------------------------------------------------
@@ -574,7 +579,7 @@ def _merge_affine(vm2: View, vm1: View) -> Optional[View]:
         deps = [i for i, di in enumerate(d) if di[k] != 0 and n1[i] != 1]
         if not deps:
             if not b <= o[k] < e:
-                return View.create(n1, mask=((0, 0),) * len(n1))
+                return _all_invalid(n1)
             continue
         if len(deps) > 1:
             return None
