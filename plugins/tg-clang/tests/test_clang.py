@@ -1,0 +1,108 @@
+"""tg-clang: the CLANG device end to end, its compiler's errors, and isolation from broken plugins."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tgcore import Device, GlobalCounters, Tensor, dtypes
+from tgcore.device import CompileError
+
+from tg_clang.compiler import ClangCompiler
+
+
+def test_clang_is_available_and_default():
+    assert Device.status("CLANG") is None
+    assert "CLANG" in Device.available()
+
+
+def test_elementwise_reduce_matmul_backward_match_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((7, 13)).astype(np.float32), rng.standard_normal((13, 5)).astype(np.float32)
+    ta, tb = Tensor(a, device="CLANG", requires_grad=True), Tensor(b, device="CLANG", requires_grad=True)
+    np.testing.assert_allclose((ta * 2 - 1).exp().numpy(), np.exp(a * 2 - 1), rtol=1e-6)
+    np.testing.assert_allclose(ta.sum(axis=1).numpy(), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ta.max(axis=0).numpy(), a.max(axis=0))
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    loss = (ta @ tb).relu().sum()
+    loss.backward()
+    mask = ((a @ b) > 0).astype(np.float32)
+    np.testing.assert_allclose(ta.grad.numpy(), mask @ b.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ mask, rtol=1e-5, atol=1e-5)
+
+
+def test_five_chained_elementwise_ops_are_one_kernel():
+    x = Tensor(np.arange(10, dtype=np.float32), device="CLANG").realize()
+    GlobalCounters.reset()
+    out = ((((x + 1) * 2).sqrt() - 3) / 4).numpy()
+    assert GlobalCounters.kernel_count == 1
+    np.testing.assert_allclose(out, (np.sqrt((np.arange(10) + 1) * 2) - 3) / 4, rtol=1e-6)
+
+
+def test_signed_overflow_wraps_like_numpy():
+    big = np.array([2**31 - 1, -2**31], dtype=np.int32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal((Tensor(big, device="CLANG") + 1).numpy(), big + np.int32(1))
+        np.testing.assert_array_equal((Tensor(big, device="CLANG") * 3).numpy(), big * np.int32(3))
+
+
+def test_half_and_double():
+    x = np.array([0.5, 1.5, -2.25, 1000.0], dtype=np.float16)
+    np.testing.assert_array_equal((Tensor(x, device="CLANG") * 3).numpy(), x * np.float16(3))
+    d = np.array([1e-300, 3.0, -7.5], dtype=np.float64)
+    np.testing.assert_array_equal((Tensor(d, device="CLANG") / 3).numpy(), d / 3)
+
+
+def test_bad_source_raises_compile_error_with_log():
+    with pytest.raises(CompileError) as info:
+        ClangCompiler().compile("void broken( { this is not C }")
+    assert "error" in info.value.log.lower()
+    assert "this is not C" in info.value.src
+
+
+def test_missing_compiler_is_a_clear_unavailable_reason():
+    env = {**os.environ, "CC": "no-such-compiler-tg"}
+    out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("CLANG"))
+    assert "unavailable" in line and "no-such-compiler-tg" in line
+    code = "from tgcore import Tensor; Tensor([1.0], device='CLANG')"
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert err.returncode != 0 and "no-such-compiler-tg" in err.stderr
+
+
+def test_compiled_programs_are_cached(tmp_path):
+    compiler = Device["CLANG"].compiler
+    src = Device["CLANG"].renderer.render("cache_probe", [])
+    lib = compiler.compile_cached(src)
+    assert compiler.compile_cached(src) is lib
+
+
+def test_broken_entry_point_is_listed_and_clang_still_works(tmp_path):
+    dist = tmp_path / "brokenplug-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenplug\nVersion: 0.0.1\n")
+    (dist / "entry_points.txt").write_text("[tgcore]\nbroken = broken_tg_plugin\n")
+    (tmp_path / "broken_tg_plugin.py").write_text("raise RuntimeError('this plugin is broken on purpose')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True)
+    broken = next(x for x in out.stdout.splitlines() if x.startswith("broken"))
+    assert "broken on purpose" in broken
+    assert any(x.startswith("CLANG") and "available" in x and "unavailable" not in x for x in out.stdout.splitlines())
+    code = textwrap.dedent("""
+        from tgcore import Tensor
+        print((Tensor([1.0, 2.0], device='CLANG') * 3).tolist())
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert run.stdout.strip() == "[3.0, 6.0]"
+
+
+def test_device_instances():
+    x = Tensor([1.0, 2.0, 3.0], device="CLANG")
+    y = x.to("CLANG:1") * 2
+    assert y.device == "CLANG:1"
+    np.testing.assert_allclose(y.to("CLANG").numpy(), [2.0, 4.0, 6.0])
+    assert Tensor([1], dtype=dtypes.int8, device="CLANG:1").dtype == dtypes.int8
