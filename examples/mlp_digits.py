@@ -1,7 +1,8 @@
 """Train a small MLP on scikit-learn's bundled handwritten digits (no download), printing loss and accuracy.
 
-    python examples/mlp_digits.py [--device CLANG] [--epochs 10]
+python examples/mlp_digits.py [--device CLANG] [--epochs 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,7 @@ def main() -> float:
         perm = rng.permutation(len(x_train))
         losses = []
         for i in range(0, len(perm) - args.batch + 1, args.batch):
-            idx = perm[i:i + args.batch]
+            idx = perm[i : i + args.batch]
             opt.zero_grad()
             loss = model(Tensor(x_train[idx])).sparse_categorical_crossentropy(Tensor(y_train[idx]))
             loss.backward()
@@ -68,8 +69,10 @@ def main() -> float:
         Tensor.training = False
         predictions = model(x_test_t).argmax(axis=-1).numpy()
         accuracy = float((predictions == y_test_np).mean())
-        print(f"epoch {epoch:3d}  loss {np.mean(losses):.4f}  test accuracy {accuracy * 100:6.2f}%  "
-              f"({time.perf_counter() - st:.2f} s)")
+        print(
+            f"epoch {epoch:3d}  loss {np.mean(losses):.4f}  test accuracy {accuracy * 100:6.2f}%  "
+            f"({time.perf_counter() - st:.2f} s)"
+        )
     print(f"final test accuracy: {accuracy * 100:.2f}%")
     return accuracy
 

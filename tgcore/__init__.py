@@ -1,4 +1,5 @@
 """tgcore: a small, fast deep-learning framework whose devices are plugins."""
+
 from tgcore.device import Device
 from tgcore.dtype import dtypes
 from tgcore.helpers import Context, GlobalCounters

@@ -1,4 +1,5 @@
 """`python -m tgcore devices`: which plugins and devices are installed, which work, and why the others don't."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,9 @@ def devices() -> int:
         print(f"{rec.name:12s} {rec.version:12s} {rec.source:32s} {status}")
     print()
     print(f"{'device':10s} {'plugin':12s} {'priority':>8s}  status")
-    for name in sorted(set(specs) | set(plugins.registry.rejected), key=lambda n: -specs[n].priority if n in specs else 0):
+    for name in sorted(
+        set(specs) | set(plugins.registry.rejected), key=lambda n: -specs[n].priority if n in specs else 0
+    ):
         owner = plugins.registry.owner.get(name, "?")
         reason = Device.status(name)
         priority = f"{specs[name].priority:8d}" if name in specs else " " * 8

@@ -1,4 +1,5 @@
 """Devices as the core sees them: the Device registry, Buffers, and the base classes a plugin's parts derive from."""
+
 from __future__ import annotations
 
 import ctypes
@@ -27,6 +28,7 @@ class DeviceUnavailable(RuntimeError):
 
 
 # ***** the parts a plugin provides *****
+
 
 class Compiler:
     """Turns source text into the bytes its device's Program loads."""
@@ -130,6 +132,7 @@ class MallocAllocator(LRUAllocator):
 
 # ***** buffers *****
 
+
 @dataclass(frozen=True)
 class BufferOptions:
     """Hints for an allocation."""
@@ -141,8 +144,17 @@ class BufferOptions:
 class Buffer:
     """`size` elements of `dtype` on `device`; memory is allocated on first use and freed with the object."""
 
-    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, options: Optional[BufferOptions] = None,
-                 initial_value: Optional[bytes] = None, base: Optional[Buffer] = None, offset: int = 0) -> None:
+    def __init__(
+        self,
+        device: str,
+        size: int,
+        dtype: DType,
+        opaque: Any = None,
+        options: Optional[BufferOptions] = None,
+        initial_value: Optional[bytes] = None,
+        base: Optional[Buffer] = None,
+        offset: int = 0,
+    ) -> None:
         if size < 0:
             raise ValueError(f"buffer size must be >= 0, got {size}")
         self.device, self.size, self.dtype, self.options = device, size, dtype, options
@@ -187,7 +199,8 @@ class Buffer:
             pass
 
     def __repr__(self) -> str:
-        return f"<buf device:{self.device} size:{self.size} dtype:{self.dtype}{' unallocated' if not self._opaque else ''}>"
+        state = "" if self._opaque is not None else " unallocated"
+        return f"<buf device:{self.device} size:{self.size} dtype:{self.dtype}{state}>"
 
     def view(self, size: int, dtype: DType, offset: int) -> Buffer:
         """A buffer over `size` elements of `dtype` starting `offset` bytes into this one."""
@@ -235,13 +248,21 @@ class Buffer:
 
 # ***** device instances and the registry *****
 
+
 class Compiled:
     """One device instance: the four parts its plugins gave, bound to a name like "MYDEV" or "MYDEV:1"."""
 
-    def __init__(self, name: str, spec: DeviceSpec, renderer: Any, compiler: Compiler, allocator: Allocator,
-                 runtime: type) -> None:
+    def __init__(
+        self, name: str, spec: DeviceSpec, renderer: Any, compiler: Compiler, allocator: Allocator, runtime: type
+    ) -> None:
         self.name, self.spec, self.renderer, self.compiler, self.allocator, self.runtime = (
-            name, spec, renderer, compiler, allocator, runtime)
+            name,
+            spec,
+            renderer,
+            compiler,
+            allocator,
+            runtime,
+        )
 
     def synchronize(self) -> None:
         """Wait for every queued operation on this device."""
@@ -296,7 +317,8 @@ class _Device:
         elif base not in specs:
             failed = [f"{r.name}: {r.error}" for r in plugins.records.values() if r.error]
             reason = f"no installed plugin provides device {base}; available devices: {sorted(specs)}" + (
-                f"; plugins that failed to load: {'; '.join(failed)}" if failed else "")
+                f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""
+            )
         else:
             try:
                 reason = specs[base].probe()
@@ -342,7 +364,7 @@ class _Device:
 
     def default_and_reason(self) -> tuple[str, str]:
         """The default device and why it was chosen."""
-        if (env := os.environ.get("DEVICE")):
+        if env := os.environ.get("DEVICE"):
             return self.canonicalize(env), "set by DEVICE"
         for name in self.specs():
             if os.environ.get(name, "") not in ("", "0"):

@@ -1,4 +1,5 @@
 """Data types: the scalar types tensors hold, their promotion lattice and conversions."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,9 @@ class DType:
     def vec(self, size: int) -> DType:
         """The vector type of `size` elements of this scalar type."""
         if self.count != 1 or size <= 1:
-            raise ValueError(f"cannot make a vector of {size} elements from {self}: expected a scalar dtype and size > 1")
+            raise ValueError(
+                f"cannot make a vector of {size} elements from {self}: expected a scalar dtype and size > 1"
+            )
         return DType(self.priority, self.itemsize * size, f"{INVERSE_DTYPES_DICT[self.name]}{size}", None, size)
 
     def scalar(self) -> DType:
@@ -175,12 +178,23 @@ class dtypes:
 
 
 _NUMPY_TYPES: dict[str, type] = {
-    "bool": np.bool_, "char": np.int8, "unsigned char": np.uint8, "short": np.int16, "unsigned short": np.uint16,
-    "int": np.int32, "unsigned int": np.uint32, "long": np.int64, "unsigned long": np.uint64, "half": np.float16,
-    "float": np.float32, "double": np.float64,
+    "bool": np.bool_,
+    "char": np.int8,
+    "unsigned char": np.uint8,
+    "short": np.int16,
+    "unsigned short": np.uint16,
+    "int": np.int32,
+    "unsigned int": np.uint32,
+    "long": np.int64,
+    "unsigned long": np.uint64,
+    "half": np.float16,
+    "float": np.float32,
+    "double": np.float64,
 }
 DTYPES_DICT_BY_ATTR: dict[str, DType] = {
-    k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("_") and not k.startswith("default")
+    k: v
+    for k, v in vars(dtypes).items()
+    if isinstance(v, DType) and not k.startswith("_") and not k.startswith("default")
 }
 # canonical attribute name of each dtype: the first one defined (float32 rather than float)
 INVERSE_DTYPES_DICT: dict[str, str] = {}
@@ -193,11 +207,17 @@ _FROM_NUMPY: dict[str, DType] = {np.dtype(t).name: DTYPES_DICT[n] for n, t in _N
 # Promotion: each dtype lists the dtypes it may be promoted to directly (a lattice, as in JAX and tinygrad).
 _PROMOTES_TO: dict[DType, tuple[DType, ...]] = {
     dtypes.bool: (dtypes.int8, dtypes.uint8),
-    dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,), dtypes.int32: (dtypes.int64,),
+    dtypes.int8: (dtypes.int16,),
+    dtypes.int16: (dtypes.int32,),
+    dtypes.int32: (dtypes.int64,),
     dtypes.int64: (dtypes.float16, dtypes.bfloat16),
-    dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
-    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
-    dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,), dtypes.float32: (dtypes.float64,),
+    dtypes.uint8: (dtypes.int16, dtypes.uint16),
+    dtypes.uint16: (dtypes.int32, dtypes.uint32),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64),
+    dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.float16: (dtypes.float32,),
+    dtypes.bfloat16: (dtypes.float32,),
+    dtypes.float32: (dtypes.float64,),
     dtypes.float64: (),
 }
 

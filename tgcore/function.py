@@ -1,4 +1,5 @@
 """The differentiable functions: each one's forward and backward, written on LazyBuffer ops."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,11 @@ class Function:
         ctx = cls(x[0].device, *x)
         tensor_type = type(x[0])
         ret = tensor_type.__new__(tensor_type)
-        ret.lazydata, ret.requires_grad, ret.grad = ctx.forward(*[t.lazydata for t in x], **kwargs), ctx.requires_grad, None
+        ret.lazydata, ret.requires_grad, ret.grad = (
+            ctx.forward(*[t.lazydata for t in x], **kwargs),
+            ctx.requires_grad,
+            None,
+        )
         ret._ctx = ctx if ctx.requires_grad and not tensor_type.no_grad else None
         return ret
 
@@ -64,6 +69,7 @@ class Cast(Function):
 
 
 # ***** unary ops *****
+
 
 class Neg(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
@@ -132,8 +138,9 @@ class Sqrt(Function):
 class Sigmoid(Function):
     # 1 / (1 + exp(-x)), through exp2
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        self.ret = x.const(1).e(BinaryOps.DIV, x.const(1).e(
-            BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-1 / math.log(2))).e(UnaryOps.EXP2)))
+        self.ret = x.const(1).e(
+            BinaryOps.DIV, x.const(1).e(BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-1 / math.log(2))).e(UnaryOps.EXP2))
+        )
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
@@ -142,15 +149,16 @@ class Sigmoid(Function):
 
 class Sign(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        return x.e(BinaryOps.CMPEQ, x.const(0)).e(TernaryOps.WHERE, x.const(0),
-                                                  x.e(BinaryOps.CMPLT, x.const(0)).e(TernaryOps.WHERE, x.const(-1),
-                                                                                     x.const(1)))
+        return x.e(BinaryOps.CMPEQ, x.const(0)).e(
+            TernaryOps.WHERE, x.const(0), x.e(BinaryOps.CMPLT, x.const(0)).e(TernaryOps.WHERE, x.const(-1), x.const(1))
+        )
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return grad_output.const(0)  # as torch: the gradient of sign is 0 everywhere
 
 
 # ***** binary ops *****
+
 
 class Less(Function):
     def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
@@ -178,8 +186,7 @@ class Add(Function):
         return x.e(BinaryOps.ADD, y)
 
     def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return (grad_output if self.needs_input_grad[0] else None,
-                grad_output if self.needs_input_grad[1] else None)
+        return (grad_output if self.needs_input_grad[0] else None, grad_output if self.needs_input_grad[1] else None)
 
 
 class Sub(Function):
@@ -187,8 +194,10 @@ class Sub(Function):
         return x.e(BinaryOps.SUB, y)
 
     def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return (grad_output if self.needs_input_grad[0] else None,
-                grad_output.e(UnaryOps.NEG) if self.needs_input_grad[1] else None)
+        return (
+            grad_output if self.needs_input_grad[0] else None,
+            grad_output.e(UnaryOps.NEG) if self.needs_input_grad[1] else None,
+        )
 
 
 class Mul(Function):
@@ -197,8 +206,10 @@ class Mul(Function):
         return x.e(BinaryOps.MUL, y)
 
     def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return (self.y.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[0] else None,
-                self.x.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[1] else None)
+        return (
+            self.y.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[0] else None,
+            self.x.e(BinaryOps.MUL, grad_output) if self.needs_input_grad[1] else None,
+        )
 
 
 class Div(Function):
@@ -207,12 +218,16 @@ class Div(Function):
         return x.e(BinaryOps.DIV, y)
 
     def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return (grad_output.e(BinaryOps.DIV, self.y) if self.needs_input_grad[0] else None,
-                grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x).e(BinaryOps.DIV, self.y.e(BinaryOps.MUL, self.y))
-                if self.needs_input_grad[1] else None)
+        return (
+            grad_output.e(BinaryOps.DIV, self.y) if self.needs_input_grad[0] else None,
+            grad_output.e(UnaryOps.NEG).e(BinaryOps.MUL, self.x).e(BinaryOps.DIV, self.y.e(BinaryOps.MUL, self.y))
+            if self.needs_input_grad[1]
+            else None,
+        )
 
 
 # ***** ternary ops *****
+
 
 class Where(Function):
     def forward(self, x: LazyBuffer, y: LazyBuffer, z: LazyBuffer) -> LazyBuffer:
@@ -220,12 +235,15 @@ class Where(Function):
         return self.x.e(TernaryOps.WHERE, y, z)
 
     def backward(self, grad_output: LazyBuffer) -> tuple[None, Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return (None,
-                self.x.e(TernaryOps.WHERE, grad_output, grad_output.const(0)) if self.needs_input_grad[1] else None,
-                self.x.e(TernaryOps.WHERE, grad_output.const(0), grad_output) if self.needs_input_grad[2] else None)
+        return (
+            None,
+            self.x.e(TernaryOps.WHERE, grad_output, grad_output.const(0)) if self.needs_input_grad[1] else None,
+            self.x.e(TernaryOps.WHERE, grad_output.const(0), grad_output) if self.needs_input_grad[2] else None,
+        )
 
 
 # ***** reduce ops *****
+
 
 class Sum(Function):
     def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
@@ -245,10 +263,13 @@ class Max(Function):
         # the gradient is shared equally among the positions that hold the max
         max_is_1s = self.x.e(BinaryOps.CMPEQ, self.ret.expand(self.x.shape)).cast(dtypes.float)
         div = max_is_1s.r(ReduceOps.SUM, self.axis).expand(self.x.shape)
-        return max_is_1s.e(BinaryOps.DIV, div).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output.expand(self.x.shape))
+        return (
+            max_is_1s.e(BinaryOps.DIV, div).cast(grad_output.dtype).e(BinaryOps.MUL, grad_output.expand(self.x.shape))
+        )
 
 
 # ***** movement ops *****
+
 
 class Expand(Function):
     # the backward of an expand is a sum over the expanded axes
@@ -257,8 +278,11 @@ class Expand(Function):
         return x.expand(shape)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return grad_output.cast(sum_acc_dtype(grad_output.dtype)).r(ReduceOps.SUM, self.expanded_axis).cast(
-            grad_output.dtype)
+        return (
+            grad_output.cast(sum_acc_dtype(grad_output.dtype))
+            .r(ReduceOps.SUM, self.expanded_axis)
+            .cast(grad_output.dtype)
+        )
 
 
 class Reshape(Function):

@@ -3,6 +3,7 @@
 A *base* LazyBuffer holds an op (elementwise, reduce, or a LoadOps) and its sources and owns a Buffer. A *view*
 LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only change how a base is read).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -20,8 +21,16 @@ from tgcore.shape.symbolic import Node, sint
 class LazyBuffer:
     """A lazily computed array on a device: a base with an op, or a view of a base."""
 
-    def __init__(self, device: str, st: ShapeTracker, dtype: DType, op: Optional[Op] = None, arg: Any = None,
-                 srcs: tuple[LazyBuffer, ...] = (), base: Optional[LazyBuffer] = None) -> None:
+    def __init__(
+        self,
+        device: str,
+        st: ShapeTracker,
+        dtype: DType,
+        op: Optional[Op] = None,
+        arg: Any = None,
+        srcs: tuple[LazyBuffer, ...] = (),
+        base: Optional[LazyBuffer] = None,
+    ) -> None:
         self.device, self.st, self.dtype = device, st, dtype
         self.shape: tuple[sint, ...] = st.shape
         self.size = st.size
@@ -54,8 +63,14 @@ class LazyBuffer:
     # ***** creation *****
 
     @staticmethod
-    def loadop(op: LoadOps, shape: tuple[sint, ...], dtype: DType, device: str, arg: Any = None,
-               srcs: tuple[LazyBuffer, ...] = ()) -> LazyBuffer:
+    def loadop(
+        op: LoadOps,
+        shape: tuple[sint, ...],
+        dtype: DType,
+        device: str,
+        arg: Any = None,
+        srcs: tuple[LazyBuffer, ...] = (),
+    ) -> LazyBuffer:
         """A base LazyBuffer made by a LoadOps (EMPTY, CONST, CUSTOM, ...)."""
         if op is LoadOps.CONST and not isinstance(arg, Node):
             arg = truncate(arg, dtype)
@@ -73,8 +88,11 @@ class LazyBuffer:
     def const(self, val: ConstType, shape: Optional[tuple[sint, ...]] = None) -> LazyBuffer:
         """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape)."""
         shape = self.shape if shape is None else shape
-        return LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val).reshape(
-            (1,) * len(shape)).expand(shape)
+        return (
+            LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
+            .reshape((1,) * len(shape))
+            .expand(shape)
+        )
 
     def is_unrealized_const(self) -> bool:
         return self.base.realized is None and self.base.op is LoadOps.CONST
@@ -100,10 +118,19 @@ class LazyBuffer:
         if bitcast and self.dtype.itemsize != dtype.itemsize:
             raise ValueError(f"cannot bitcast {self.dtype} to {dtype}: the item sizes differ")
         if self.is_unrealized_unmasked_const() and not bitcast:
-            return LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, self.base.arg).reshape(
-                (1,) * len(self.shape)).expand(self.shape)
-        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), dtype,
-                          UnaryOps.BITCAST if bitcast else UnaryOps.CAST, dtype, (self,))
+            return (
+                LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, self.base.arg)
+                .reshape((1,) * len(self.shape))
+                .expand(self.shape)
+            )
+        return LazyBuffer(
+            self.device,
+            ShapeTracker.from_shape(self.shape),
+            dtype,
+            UnaryOps.BITCAST if bitcast else UnaryOps.CAST,
+            dtype,
+            (self,),
+        )
 
     def e(self, op: Union[UnaryOps, BinaryOps, TernaryOps], *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
         """Elementwise `op` of this buffer and `in_srcs` (same shape and device)."""
@@ -121,8 +148,11 @@ class LazyBuffer:
         out_dtype = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ) else value_srcs[0].dtype
         if all(s.is_unrealized_unmasked_const() and not isinstance(s.base.arg, Node) for s in srcs):
             folded = exec_alu(op, out_dtype, [np.array(s.base.arg, dtype=_np_type(s.dtype)) for s in srcs])
-            return LazyBuffer.loadop(LoadOps.CONST, (), out_dtype, self.device, folded.item()).reshape(
-                (1,) * len(self.shape)).expand(self.shape)
+            return (
+                LazyBuffer.loadop(LoadOps.CONST, (), out_dtype, self.device, folded.item())
+                .reshape((1,) * len(self.shape))
+                .expand(self.shape)
+            )
         return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), out_dtype, op, arg, srcs)
 
     def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
@@ -140,8 +170,11 @@ class LazyBuffer:
         if device == self.device:
             return self
         if self.is_unrealized_unmasked_const():
-            return LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, device, self.base.arg).reshape(
-                (1,) * len(self.shape)).expand(self.shape)
+            return (
+                LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, device, self.base.arg)
+                .reshape((1,) * len(self.shape))
+                .expand(self.shape)
+            )
         src = self.contiguous()
         return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
 
@@ -184,4 +217,3 @@ class LazyBuffer:
 
 def _np_type(dt: DType) -> type:
     return np.float32 if dt == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
-

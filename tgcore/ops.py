@@ -4,6 +4,7 @@
 suite checks), and it follows numpy: IEEE floats with NaN propagating through MAX, integers that wrap,
 integer division that truncates toward zero and gives 0 when dividing by 0, shifts past the width give 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,38 +19,64 @@ from tgcore.dtype import ConstType, DType, bf16_round, dtypes
 class UnaryOps(Enum):
     """Elementwise ops of one operand. CAST and BITCAST take the target dtype from the node."""
 
-    EXP2 = auto(); LOG2 = auto(); CAST = auto(); BITCAST = auto(); SIN = auto(); SQRT = auto(); NEG = auto()  # noqa: E702
+    EXP2 = auto()
+    LOG2 = auto()
+    CAST = auto()
+    BITCAST = auto()
+    SIN = auto()
+    SQRT = auto()
+    NEG = auto()
 
 
 class BinaryOps(Enum):
     """Elementwise ops of two operands. CMPLT and CMPEQ return bool."""
 
-    ADD = auto(); SUB = auto(); MUL = auto(); DIV = auto(); MAX = auto(); MOD = auto()  # noqa: E702
-    CMPLT = auto(); CMPEQ = auto(); XOR = auto(); AND = auto(); OR = auto(); SHL = auto(); SHR = auto()  # noqa: E702
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    DIV = auto()
+    MAX = auto()
+    MOD = auto()
+    CMPLT = auto()
+    CMPEQ = auto()
+    XOR = auto()
+    AND = auto()
+    OR = auto()
+    SHL = auto()
+    SHR = auto()
 
 
 class TernaryOps(Enum):
     """WHERE(cond, a, b) selects; MULACC(a, b, c) is a*b+c."""
 
-    WHERE = auto(); MULACC = auto()  # noqa: E702
+    WHERE = auto()
+    MULACC = auto()
 
 
 class ReduceOps(Enum):
     """Reductions over axes."""
 
-    SUM = auto(); MAX = auto()  # noqa: E702
+    SUM = auto()
+    MAX = auto()
 
 
 class BufferOps(Enum):
     """Leaves and roots of a kernel AST: read a buffer, a constant, write a buffer."""
 
-    LOAD = auto(); CONST = auto(); STORE = auto()  # noqa: E702
+    LOAD = auto()
+    CONST = auto()
+    STORE = auto()
 
 
 class LoadOps(Enum):
     """Graph ops that are not computed by a generated kernel (or that mark kernel boundaries)."""
 
-    EMPTY = auto(); CONST = auto(); COPY = auto(); CONTIGUOUS = auto(); CUSTOM = auto(); ASSIGN = auto()  # noqa: E702
+    EMPTY = auto()
+    CONST = auto()
+    COPY = auto()
+    CONTIGUOUS = auto()
+    CUSTOM = auto()
+    ASSIGN = auto()
 
 
 Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps]
@@ -90,8 +117,11 @@ class LazyOp:
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        return isinstance(other, LazyOp) and self._hash == other._hash and (self.op, self.src, self.arg) == (
-            other.op, other.src, other.arg)
+        return (
+            isinstance(other, LazyOp)
+            and self._hash == other._hash
+            and (self.op, self.src, self.arg) == (other.op, other.src, other.arg)
+        )
 
     def lazyops(self) -> list[LazyOp]:
         """Every node of this AST, each once, parents before children."""
@@ -102,11 +132,13 @@ class LazyOp:
                 seen[n] = None
                 for s in n.src:
                     visit(s)
+
         visit(self)
         return list(seen)
 
 
 # ***** reference semantics, on numpy arrays *****
+
 
 def _np(dtype: DType) -> type:
     # bfloat16 values are carried as float32 rounded to bfloat16 precision
@@ -177,9 +209,18 @@ def _exec_special(op: Op, dtype: DType, ops: list[np.ndarray]) -> np.ndarray:
 
 
 _ALU: dict[Op, Callable[..., np.ndarray]] = {
-    UnaryOps.EXP2: np.exp2, UnaryOps.LOG2: np.log2, UnaryOps.SIN: np.sin, UnaryOps.SQRT: np.sqrt,
-    BinaryOps.ADD: np.add, BinaryOps.SUB: np.subtract, BinaryOps.MUL: np.multiply,
-    BinaryOps.CMPLT: np.less, BinaryOps.CMPEQ: np.equal,
-    BinaryOps.XOR: np.bitwise_xor, BinaryOps.AND: np.bitwise_and, BinaryOps.OR: np.bitwise_or,
-    TernaryOps.WHERE: lambda c, a, b: np.where(c, a, b), TernaryOps.MULACC: lambda a, b, c: a * b + c,
+    UnaryOps.EXP2: np.exp2,
+    UnaryOps.LOG2: np.log2,
+    UnaryOps.SIN: np.sin,
+    UnaryOps.SQRT: np.sqrt,
+    BinaryOps.ADD: np.add,
+    BinaryOps.SUB: np.subtract,
+    BinaryOps.MUL: np.multiply,
+    BinaryOps.CMPLT: np.less,
+    BinaryOps.CMPEQ: np.equal,
+    BinaryOps.XOR: np.bitwise_xor,
+    BinaryOps.AND: np.bitwise_and,
+    BinaryOps.OR: np.bitwise_or,
+    TernaryOps.WHERE: lambda c, a, b: np.where(c, a, b),
+    TernaryOps.MULACC: lambda a, b, c: a * b + c,
 }

@@ -9,6 +9,7 @@ one is recorded with its cause and the others still load). Environment controls:
 `TGCORE_PLUGINS=a,b` loads only those entry points, `TGCORE_DISABLE_PLUGINS=a,b` skips those,
 `TGCORE_PLUGIN_AUTOLOAD=0` loads none (the built-in PYTHON device is always there).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,12 +28,26 @@ ENTRY_POINT_GROUP = "tgcore"
 hookspec = pluggy.HookspecMarker("tgcore")
 hookimpl = pluggy.HookimplMarker("tgcore")
 
-ALL_DTYPES: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,
-                                 dtypes.uint32, dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16,
-                                 dtypes.float32, dtypes.float64)
+ALL_DTYPES: tuple[DType, ...] = (
+    dtypes.bool,
+    dtypes.int8,
+    dtypes.uint8,
+    dtypes.int16,
+    dtypes.uint16,
+    dtypes.int32,
+    dtypes.uint32,
+    dtypes.int64,
+    dtypes.uint64,
+    dtypes.float16,
+    dtypes.bfloat16,
+    dtypes.float32,
+    dtypes.float64,
+)
 # (atol, rtol) a device promises for transcendental results; exact ops (add, compare, ...) must match exactly
 DEFAULT_TOLERANCES: dict[DType, tuple[float, float]] = {
-    dtypes.float16: (1e-3, 1e-2), dtypes.bfloat16: (1e-2, 5e-2), dtypes.float32: (1e-6, 1e-5),
+    dtypes.float16: (1e-3, 1e-2),
+    dtypes.bfloat16: (1e-2, 5e-2),
+    dtypes.float32: (1e-6, 1e-5),
     dtypes.float64: (1e-12, 1e-10),
 }
 
@@ -90,11 +105,13 @@ class DeviceRegistry:
             self.rejected[name] = (
                 f"plugin {self._current_plugin!r} targets tgcore plugin API {spec.api_version}, but this tgcore serves "
                 f"API {PLUGIN_API_VERSION}: install a version of the plugin built for API {PLUGIN_API_VERSION} "
-                f"(or a tgcore that serves API {spec.api_version})")
+                f"(or a tgcore that serves API {spec.api_version})"
+            )
             return
         if name in self.specs and self.owner[name] != self._current_plugin:
             self.rejected[f"{name} ({self._current_plugin})"] = (
-                f"plugin {self._current_plugin!r} registers device {name}, already registered by {self.owner[name]!r}")
+                f"plugin {self._current_plugin!r} registers device {name}, already registered by {self.owner[name]!r}"
+            )
             return
         spec.name = name
         self.specs[name] = spec
@@ -129,6 +146,7 @@ class PluginManager:
             return
         self.loaded = True
         from tgcore.runtime import python as python_device  # the built-in device, registered like any plugin
+
         self._add(python_device, "python", "builtin", _dist_version("tgcore"))
         if os.environ.get("TGCORE_PLUGIN_AUTOLOAD", "1") == "0":
             return
@@ -141,8 +159,9 @@ class PluginManager:
             try:
                 module = ep.load()
             except Exception as e:  # an import error of one plugin must not stop the others
-                self.records[ep.name] = PluginRecord(ep.name, f"entry point {ep.value}", version,
-                                                     f"failed to import {ep.value}: {type(e).__name__}: {e}")
+                self.records[ep.name] = PluginRecord(
+                    ep.name, f"entry point {ep.value}", version, f"failed to import {ep.value}: {type(e).__name__}: {e}"
+                )
                 continue
             self._add(module, ep.name, f"entry point {ep.value}", version)
 

@@ -1,4 +1,5 @@
 """Tensor: the user-facing array with autograd, in the API of tinygrad 0.9.0."""
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,13 @@ class Tensor:
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
 
-    def __init__(self, data: Union[None, ConstType, list, tuple, LazyBuffer, np.ndarray, bytes, Tensor],
-                 device: Optional[str] = None, dtype: Optional[Union[DType, str]] = None,
-                 requires_grad: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        data: Union[None, ConstType, list, tuple, LazyBuffer, np.ndarray, bytes, Tensor],
+        device: Optional[str] = None,
+        dtype: Optional[Union[DType, str]] = None,
+        requires_grad: Optional[bool] = None,
+    ) -> None:
         dt = to_dtype(dtype) if dtype is not None else None
         device = Device.canonicalize(device)
         self.grad: Optional[Tensor] = None
@@ -76,8 +81,10 @@ class Tensor:
             if dt is not None and dt != src_dt:
                 lb = lb.cast(dt)
         else:
-            raise TypeError(f"cannot make a tensor from {type(data).__name__}: expected a number, a (nested) list, "
-                            "a numpy array, bytes or a LazyBuffer")
+            raise TypeError(
+                f"cannot make a tensor from {type(data).__name__}: expected a number, a (nested) list, "
+                "a numpy array, bytes or a LazyBuffer"
+            )
         if lb.device != device and device is not None and not isinstance(data, LazyBuffer):
             lb = lb.copy_to_device(device)
         self.lazydata = lb
@@ -200,8 +207,10 @@ class Tensor:
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(f"assign needs the same shape, dtype and device: target {self.shape} {self.dtype} "
-                             f"{self.device}, value {x.shape} {x.dtype} {x.device}")
+            raise ValueError(
+                f"assign needs the same shape, dtype and device: target {self.shape} {self.dtype} "
+                f"{self.device}, value {x.shape} {x.dtype} {x.device}"
+            )
         if self.lazydata is x.lazydata:
             return self
         if self.lazydata.base.realized is None or self.lazydata.base is not self.lazydata:
@@ -220,8 +229,14 @@ class Tensor:
     # ***** creation *****
 
     @staticmethod
-    def _loadop(op: LoadOps, shape: tuple[sint, ...], device: Optional[str] = None,
-                dtype: Optional[Union[DType, str]] = None, arg: Any = None, **kwargs: Any) -> Tensor:
+    def _loadop(
+        op: LoadOps,
+        shape: tuple[sint, ...],
+        device: Optional[str] = None,
+        dtype: Optional[Union[DType, str]] = None,
+        arg: Any = None,
+        **kwargs: Any,
+    ) -> Tensor:
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         return Tensor(LazyBuffer.loadop(op, shape, dt, Device.canonicalize(device), arg), device, dt, **kwargs)
 
@@ -250,8 +265,9 @@ class Tensor:
             start, stop = 0, start
         if step == 0:
             raise ValueError("arange step must not be 0")
-        dtype = kwargs.pop("dtype", None) or (dtypes.default_float if any(isinstance(x, float) for x in (start, stop, step))
-                                             else dtypes.default_int)
+        dtype = kwargs.pop("dtype", None) or (
+            dtypes.default_float if any(isinstance(x, float) for x in (start, stop, step)) else dtypes.default_int
+        )
         arr = np.arange(start, stop, step, dtype=_np_for(to_dtype(dtype)))
         return Tensor(arr, dtype=dtype, **kwargs)
 
@@ -259,7 +275,9 @@ class Tensor:
     def eye(dim: int, **kwargs: Any) -> Tensor:
         if dim < 0:
             raise ValueError(f"eye needs dim >= 0, got {dim}")
-        return Tensor.ones((dim, 1), **kwargs).pad((None, (0, dim))).flatten().shrink(((0, dim * dim),)).reshape(dim, dim)
+        return (
+            Tensor.ones((dim, 1), **kwargs).pad((None, (0, dim))).flatten().shrink(((0, dim * dim),)).reshape(dim, dim)
+        )
 
     def full_like(self, fill_value: ConstType, **kwargs: Any) -> Tensor:
         return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
@@ -351,8 +369,10 @@ class Tensor:
             if t0.grad is None or t0._ctx is None:
                 continue
             grads = t0._ctx.backward(t0.grad.lazydata)
-            grads = [Tensor(g, device=self.device, requires_grad=False) if g is not None else None
-                     for g in ([grads] if len(t0._ctx.parents) == 1 else grads)]
+            grads = [
+                Tensor(g, device=self.device, requires_grad=False) if g is not None else None
+                for g in ([grads] if len(t0._ctx.parents) == 1 else grads)
+            ]
             for t, g in zip(t0._ctx.parents, grads):
                 if g is not None and t.requires_grad:
                     if g.shape != t.shape:
@@ -373,8 +393,10 @@ class Tensor:
             if s is None:
                 resolved.append(self.shape[i])
             elif s == -1:
-                known = prod([x for x in new_shape if x not in (-1, None)] +
-                             [self.shape[j] for j, x in enumerate(new_shape) if x is None])
+                known = prod(
+                    [x for x in new_shape if x not in (-1, None)]
+                    + [self.shape[j] for j, x in enumerate(new_shape) if x is None]
+                )
                 resolved.append(self.numel() // known if known else 0)
             else:
                 resolved.append(s)
@@ -448,11 +470,11 @@ class Tensor:
         if self.ndim == 0:
             return self.reshape(1)
         s, e = self._resolve_dim(start_dim), self._resolve_dim(end_dim)
-        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+        return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self, dim: int, sizes: tuple[int, ...]) -> Tensor:
         d = self._resolve_dim(dim)
-        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1 :])
 
     def squeeze(self, dim: Optional[int] = None) -> Tensor:
         if dim is None:
@@ -460,7 +482,7 @@ class Tensor:
         if self.ndim == 0:
             return self
         d = self._resolve_dim(dim)
-        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1 :])
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = self._resolve_dim(dim, outer=True)
@@ -476,7 +498,7 @@ class Tensor:
             raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions")
         if Ellipsis in idx:
             e = idx.index(Ellipsis)
-            idx[e:e + 1] = [slice(None)] * (self.ndim - n_real)
+            idx[e : e + 1] = [slice(None)] * (self.ndim - n_real)
         else:
             idx += [slice(None)] * (self.ndim - n_real)
         x, dim, out_shape = self, 0, []
@@ -516,7 +538,9 @@ class Tensor:
             padded = [(0, (-int(s)) % k) if k > 1 else (0, 0) for s, k in zip(x.shape, strides)]
             x = x.pad(tuple(padded))
             split = flatten([(s // k, k) if k > 1 else (s, 1) for s, k in zip(x.shape, strides)])
-            x = x.reshape(tuple(split)).shrink(tuple(flatten([((0, split[2 * d]), (0, 1)) for d in range(len(strides))])))
+            x = x.reshape(tuple(split)).shrink(
+                tuple(flatten([((0, split[2 * d]), (0, 1)) for d in range(len(strides))]))
+            )
         return x.reshape(tuple(out_shape))
 
     def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
@@ -529,8 +553,10 @@ class Tensor:
         for t in tensors:
             offsets.append(offsets[-1] + t.shape[d])
         total = offsets[-1]
-        parts = [t.pad(tuple((offsets[i], total - offsets[i + 1]) if ax == d else None for ax in range(self.ndim)))
-                 for i, t in enumerate(tensors)]
+        parts = [
+            t.pad(tuple((offsets[i], total - offsets[i + 1]) if ax == d else None for ax in range(self.ndim)))
+            for i, t in enumerate(tensors)
+        ]
         out = parts[0]
         for p in parts[1:]:
             out = out + p
@@ -549,8 +575,9 @@ class Tensor:
 
     # ***** reductions *****
 
-    def _reduce(self, fxn: type[Function], axis: Optional[Union[int, Sequence[int]]] = None,
-                keepdim: bool = False) -> Tensor:
+    def _reduce(
+        self, fxn: type[Function], axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False
+    ) -> Tensor:
         axes = tuple(range(self.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
         axes = tuple(self._resolve_dim(a) for a in axes)
         if self.ndim == 0:
@@ -558,8 +585,9 @@ class Tensor:
         ret = fxn.apply(self, axis=axes)
         return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
-    def sum(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False,
-            acc_dtype: Optional[DType] = None) -> Tensor:
+    def sum(
+        self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, acc_dtype: Optional[DType] = None
+    ) -> Tensor:
         """Sum over `axis` (all axes by default), accumulating in a wide enough dtype."""
         acc = acc_dtype or sum_acc_dtype(self.dtype)
         ret = self.cast(acc)._reduce(F.Sum, axis, keepdim)
@@ -579,12 +607,16 @@ class Tensor:
         output_dtype = self.dtype if dtypes.is_float(self.dtype) else dtypes.float32
         return out.cast(output_dtype).div(count).cast(output_dtype)
 
-    def var(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def var(
+        self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1
+    ) -> Tensor:
         squares = (self - self.mean(axis=axis, keepdim=True)).square().sum(axis=axis, keepdim=keepdim)
         count = prod(self.shape) // prod(squares.shape) if prod(squares.shape) else 0
         return squares.div(max(0, count - correction))
 
-    def std(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def std(
+        self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1
+    ) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
 
     def _softmax(self, axis: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -613,12 +645,16 @@ class Tensor:
         n = self.shape[ax]
         is_max = self == self.max(axis=ax, keepdim=True)
         idx = Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(
-            (n,) + (1,) * (self.ndim - ax - 1))
+            (n,) + (1,) * (self.ndim - ax - 1)
+        )
         return (n - (is_max * idx).max(axis=ax, keepdim=keepdim)).cast(dtypes.int32)
 
     def argmin(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
-        return (-self).argmax(axis=axis, keepdim=keepdim) if dtypes.is_float(self.dtype) else \
-            (~self).argmax(axis=axis, keepdim=keepdim)
+        return (
+            (-self).argmax(axis=axis, keepdim=keepdim)
+            if dtypes.is_float(self.dtype)
+            else (~self).argmax(axis=axis, keepdim=keepdim)
+        )
 
     def cumsum(self, axis: int = 0) -> Tensor:
         ax = self._resolve_dim(axis)
@@ -650,10 +686,11 @@ class Tensor:
         if n1 == 0 or n2 == 0:
             raise ValueError(f"dot needs tensors of at least 1 dimension, got {self.shape} and {w.shape}")
         if self.shape[-1] != w.shape[-min(n2, 2)]:
-            raise ValueError(f"dot: shapes {self.shape} and {w.shape} do not align "
-                             f"({self.shape[-1]} != {w.shape[-min(n2, 2)]})")
+            raise ValueError(
+                f"dot: shapes {self.shape} and {w.shape} do not align ({self.shape[-1]} != {w.shape[-min(n2, 2)]})"
+            )
         x = self.reshape(*self.shape[:-1], *[1] * min(n1 - 1, n2 - 1, 1), self.shape[-1])
-        w = w.reshape(*w.shape[:-2], *[1] * min(n1 - 1, n2 - 1, 1), *w.shape[-min(n2, 2):]).transpose(-1, -min(n2, 2))
+        w = w.reshape(*w.shape[:-2], *[1] * min(n1 - 1, n2 - 1, 1), *w.shape[-min(n2, 2) :]).transpose(-1, -min(n2, 2))
         out_dtype = least_upper_dtype(x.dtype, w.dtype)
         return (x * w).sum(-1, acc_dtype=acc_dtype).cast(acc_dtype or out_dtype)
 
@@ -673,7 +710,9 @@ class Tensor:
     def one_hot(self, num_classes: int) -> Tensor:
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
 
-    def sparse_categorical_crossentropy(self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0) -> Tensor:
+    def sparse_categorical_crossentropy(
+        self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0
+    ) -> Tensor:
         """Mean cross-entropy of logits `self` (N, C) against integer labels Y (N,)."""
         log_probs = self.log_softmax()
         mask = Y != ignore_index
@@ -765,8 +804,9 @@ class Tensor:
 
     # ***** binary math *****
 
-    def _broadcasted(self, y: Union[Tensor, ConstType], reverse: bool = False,
-                     match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+    def _broadcasted(
+        self, y: Union[Tensor, ConstType], reverse: bool = False, match_dtype: bool = True
+    ) -> tuple[Tensor, Tensor]:
         x: Tensor = self
         if not isinstance(y, Tensor):
             if not isinstance(y, (bool, int, float, np.generic)):
@@ -886,7 +926,9 @@ class Tensor:
         return (self > x).logical_not() if not self._has_nan_risk(x) else (self < x) | (self == x)
 
     def _has_nan_risk(self, x: Any) -> bool:
-        return dtypes.is_float(self.dtype) or (isinstance(x, Tensor) and dtypes.is_float(x.dtype)) or isinstance(x, float)
+        return (
+            dtypes.is_float(self.dtype) or (isinstance(x, Tensor) and dtypes.is_float(x.dtype)) or isinstance(x, float)
+        )
 
     def __eq__(self, x: Union[Tensor, ConstType]) -> Tensor:  # type: ignore[override]
         return F.Eq.apply(*self._broadcasted(x))
@@ -1019,4 +1061,3 @@ def _broadcast_shape(*shapes: tuple[sint, ...]) -> tuple[sint, ...]:
             raise ValueError(f"shapes {shapes} cannot be broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
-

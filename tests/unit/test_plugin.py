@@ -1,4 +1,5 @@
 """The plugin contract: discovery, isolation, environment controls, direct registration, selection."""
+
 from __future__ import annotations
 
 import os
@@ -20,19 +21,30 @@ from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def fake_device_plugin(name: str, device: str, probe: Optional[str] = None, api_version: int = PLUGIN_API_VERSION,
-                       parts: tuple[str, ...] = ("renderer", "compiler", "allocator", "runtime")) -> Any:
+def fake_device_plugin(
+    name: str,
+    device: str,
+    probe: Optional[str] = None,
+    api_version: int = PLUGIN_API_VERSION,
+    parts: tuple[str, ...] = ("renderer", "compiler", "allocator", "runtime"),
+) -> Any:
     """A plugin that provides `device` by reusing the PYTHON device's parts."""
-    makers = {"renderer": PythonRenderer, "compiler": PythonCompiler, "allocator": MallocAllocator,
-              "runtime": lambda: PythonProgram}
+    makers = {
+        "renderer": PythonRenderer,
+        "compiler": PythonCompiler,
+        "allocator": MallocAllocator,
+        "runtime": lambda: PythonProgram,
+    }
 
     def register(registry: Any) -> None:
         registry.add(DeviceSpec(device, api_version, priority=-5, probe=lambda: probe))
 
     hooks: dict[str, Any] = {"tg_register_devices": register}
     for part in parts:
+
         def answer(device: str, _part: str = part, _dev: str = device) -> Any:
             return makers[_part]() if device == _dev else None
+
         hooks[f"tg_{part}"] = answer
     return plugin_module(name, **hooks)
 
@@ -44,6 +56,7 @@ def registered():
     def register(plugin: Any) -> Any:
         names.append(plugin.__name__)
         return plugins.register(plugin)
+
     yield register
     for n in names:
         if n in plugins.records:
@@ -69,6 +82,7 @@ def test_directly_registered_plugin_runs_tensors(registered):
 def test_register_devices_that_raises_is_recorded_and_others_still_work(registered):
     def boom(registry: Any) -> None:
         raise RuntimeError("kaboom")
+
     record = registered(plugin_module("broken", tg_register_devices=boom))
     assert record.error is not None and "kaboom" in record.error
     np.testing.assert_allclose((Tensor([1.0, 2.0], device="PYTHON") + 1).numpy(), [2.0, 3.0])
@@ -115,6 +129,7 @@ def test_tryfirst_plugin_overrides_one_part(registered):
         @hookimpl(tryfirst=True)
         def tg_allocator(self, device: str) -> Any:
             return CountingAllocator() if device == "PYTHON" else None
+
     registered(Override())
     assert isinstance(Device["PYTHON"].allocator, CountingAllocator)
     (Tensor([1.0, 2.0], device="PYTHON") * 3).realize()
@@ -154,25 +169,32 @@ def test_entry_point_that_fails_to_import_is_listed_with_its_error(monkeypatch):
     assert "PYTHON" in pm.registry.specs
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"TGCORE_PLUGINS": "one"}, {"one"}),
-    ({"TGCORE_DISABLE_PLUGINS": "one"}, {"two"}),
-    ({"TGCORE_PLUGIN_AUTOLOAD": "0"}, set()),
-    ({}, {"one", "two"}),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"TGCORE_PLUGINS": "one"}, {"one"}),
+        ({"TGCORE_DISABLE_PLUGINS": "one"}, {"two"}),
+        ({"TGCORE_PLUGIN_AUTOLOAD": "0"}, set()),
+        ({}, {"one", "two"}),
+    ],
+)
 def test_environment_controls(monkeypatch, env, expected):
     for k in ("TGCORE_PLUGINS", "TGCORE_DISABLE_PLUGINS", "TGCORE_PLUGIN_AUTOLOAD"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    eps = [FakeEntryPoint("one", lambda: fake_device_plugin("one", "ONE")),
-           FakeEntryPoint("two", lambda: fake_device_plugin("two", "TWO"))]
+    eps = [
+        FakeEntryPoint("one", lambda: fake_device_plugin("one", "ONE")),
+        FakeEntryPoint("two", lambda: fake_device_plugin("two", "TWO")),
+    ]
     pm = _manager_with(monkeypatch, eps)
     assert set(pm.records) - {"python"} == expected
 
 
 def test_discovery_is_lazy():
-    code = "import tgcore, tgcore.plugin as p; assert not p.plugins.loaded; tgcore.Device.DEFAULT; assert p.plugins.loaded"
+    code = (
+        "import tgcore, tgcore.plugin as p; assert not p.plugins.loaded; tgcore.Device[\"PYTHON\"]; assert p.plugins.loaded"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -207,19 +229,33 @@ def test_device_instances_are_separate():
 
 def test_python_m_tgcore_devices_lists_status():
     env = {**os.environ, "TGCORE_PLUGIN_AUTOLOAD": "0"}
-    out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, check=True, env=env
+    )
     assert re.search(r"PYTHON\s+python\s+\d+\s+available", out.stdout)
     assert "default device: PYTHON" in out.stdout
 
 
 def test_core_names_no_plugin_device_and_imports_no_plugin():
     pattern = re.compile(r"[\"'](CLANG|LLVM|OPENCL|GPU|CUDA|METAL|HIP|AMD|NV)(:\d+)?[\"']")
-    offenders = [f"{p}:{i}" for p in (ROOT / "tgcore").rglob("*.py")
-                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    offenders = [
+        f"{p}:{i}"
+        for p in (ROOT / "tgcore").rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert offenders == []
     imports = [p for p in (ROOT / "tgcore").rglob("*.py") if re.search(r"^\s*(from|import)\s+tg_", p.read_text(), re.M)]
     assert imports == []
-    code = "import sys, tgcore; tgcore.Tensor([1.0], device='PYTHON').numpy(); print([m for m in sys.modules if m.startswith('tg_')])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TGCORE_PLUGIN_AUTOLOAD": "0"})
+    code = (
+        "import sys, tgcore; tgcore.Tensor([1.0], device='PYTHON').numpy(); "
+        "print([m for m in sys.modules if m.startswith('tg_')])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TGCORE_PLUGIN_AUTOLOAD": "0"},
+    )
     assert out.stdout.strip() == "[]"

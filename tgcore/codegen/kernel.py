@@ -3,9 +3,10 @@
 The kernel's index space is `full_shape`: the global axes first, then the reduce axes. Every buffer has a
 ShapeTracker of that rank; a buffer written or read after the reduce has size 1 on the reduce axes.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import to_function_name
@@ -87,7 +88,7 @@ class Kernel:
                 continue
             merged = {}
             for k, st in self.sts.items():
-                new = st.reshape(st.shape[:i] + (st.shape[i] * st.shape[i + 1],) + st.shape[i + 2:])
+                new = st.reshape(st.shape[:i] + (st.shape[i] * st.shape[i + 1],) + st.shape[i + 2 :])
                 if len(new.views) != len(st.views):
                     break
                 merged[k] = new
@@ -95,23 +96,34 @@ class Kernel:
                 if i >= self.first_reduce:
                     self.n_reduce -= 1
                 self.sts = merged
-                self.full_shape = self.full_shape[:i] + (self.full_shape[i] * self.full_shape[i + 1],) + \
-                    self.full_shape[i + 2:]
+                self.full_shape = (
+                    self.full_shape[:i] + (self.full_shape[i] * self.full_shape[i + 1],) + self.full_shape[i + 2 :]
+                )
                 continue
             i += 1
 
     @property
     def name(self) -> str:
         prefix = "r" if self.reduceops else "E"
-        return to_function_name(prefix + "_" + "_".join(str(s) for s in self.full_shape) if self.full_shape else
-                                prefix)
+        return to_function_name(prefix + "_" + "_".join(str(s) for s in self.full_shape) if self.full_shape else prefix)
 
     def to_program(self, name_override: Optional[str] = None) -> ProgramSpec:
         """Linearize and render this kernel."""
         from tgcore.codegen.linearizer import Linearizer
+
         lin = Linearizer(self)
         uops = lin.linearize()
         name = name_override or self.name
         src = self.opts.render(name, uops)
-        return ProgramSpec(name, src, self.opts.device, lin.global_size, lin.local_size, tuple(lin.variables), (0,),
-                           lin.op_estimate, lin.mem_estimate, uops)
+        return ProgramSpec(
+            name,
+            src,
+            self.opts.device,
+            lin.global_size,
+            lin.local_size,
+            tuple(lin.variables),
+            (0,),
+            lin.op_estimate,
+            lin.mem_estimate,
+            uops,
+        )

@@ -4,6 +4,7 @@ Global axes become loops (a Renderer with `global_max = None`, like a CPU) or la
 reduce axes become loops with an accumulator. Index arithmetic comes from each buffer's ShapeTracker as
 symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -13,8 +14,7 @@ from tgcore.codegen.uops import UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
-from tgcore.shape.symbolic import (AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable,
-                                   sint)
+from tgcore.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, sint
 
 _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 
@@ -36,8 +36,9 @@ class Linearizer:
 
     # ***** emission *****
 
-    def uop(self, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None,
-            cse: bool = True) -> UOp:
+    def uop(
+        self, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None, cse: bool = True
+    ) -> UOp:
         """Emit a uop, or return the equal one already emitted in an enclosing scope."""
         key = (op, dtype, tuple(id(s) for s in src), arg)
         if cse:
@@ -102,8 +103,12 @@ class Linearizer:
         self.buffers: dict[int, UOp] = {}
         for leaf in k.leaves:
             if leaf.op is not BufferOps.CONST and leaf.arg.idx not in self.buffers:
-                self.buffers[leaf.arg.idx] = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(leaf.arg.dtype), (),
-                                                 (leaf.arg.idx, f"data{leaf.arg.idx}", leaf.op is BufferOps.STORE))
+                self.buffers[leaf.arg.idx] = UOp(
+                    UOps.DEFINE_GLOBAL,
+                    PtrDType.of(leaf.arg.dtype),
+                    (),
+                    (leaf.arg.idx, f"data{leaf.arg.idx}", leaf.op is BufferOps.STORE),
+                )
         self.header.extend(self.buffers[idx] for idx in sorted(self.buffers))
         shape_vars: set[Variable] = set()
         for st in k.sts.values():
@@ -120,8 +125,10 @@ class Linearizer:
         self.index_vars: dict[Variable, UOp] = {}
         self.ranges: list[UOp] = []
         global_axes = list(range(k.first_reduce))
-        self.axis_vars = [Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
-                          for i, s in enumerate(k.full_shape)]
+        self.axis_vars = [
+            Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
+            for i, s in enumerate(k.full_shape)
+        ]
         self._open_globals(global_axes)
         self.ast_cache: dict[LazyOp, UOp] = {}
         store = k.ast
@@ -133,8 +140,9 @@ class Linearizer:
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
         iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
         self.op_estimate = n_alu * iterations
-        self.mem_estimate = sum(leaf.arg.dtype.itemsize * leaf.arg.st.real_size() for leaf in k.leaves
-                                if leaf.op is not BufferOps.CONST)
+        self.mem_estimate = sum(
+            leaf.arg.dtype.itemsize * leaf.arg.st.real_size() for leaf in k.leaves if leaf.op is not BufferOps.CONST
+        )
         self.uops = self.header + self.uops
         return self.uops
 
@@ -152,8 +160,9 @@ class Linearizer:
         if fits:
             # the innermost axis is grid dimension 0
             for dim, a in enumerate(reversed(axes)):
-                self.index_vars[self.axis_vars[a]] = self.uop(UOps.SPECIAL, dtypes.int32, (),
-                                                              (dim, f"gidx{dim}", k.full_shape[a]), cse=False)
+                self.index_vars[self.axis_vars[a]] = self.uop(
+                    UOps.SPECIAL, dtypes.int32, (), (dim, f"gidx{dim}", k.full_shape[a]), cse=False
+                )
             self.global_size = tuple(reversed(sizes)) + (1,) * (3 - len(sizes)) if sizes else (1, 1, 1)
         else:  # too many axes for the grid: one flat index, split into the axes
             total = prod(sizes)
@@ -161,8 +170,11 @@ class Linearizer:
             stride = 1
             for a, s in reversed(list(zip(axes, sizes))):
                 self.index_vars[self.axis_vars[a]] = self.alu(
-                    BinaryOps.MOD, dtypes.int32, self.alu(BinaryOps.DIV, dtypes.int32, flat, self.node(stride)),
-                    self.node(s))
+                    BinaryOps.MOD,
+                    dtypes.int32,
+                    self.alu(BinaryOps.DIV, dtypes.int32, flat, self.node(stride)),
+                    self.node(s),
+                )
                 stride = stride * s
             self.global_size = (total, 1, 1)
         self.local_size = (1, 1, 1)

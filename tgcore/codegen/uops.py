@@ -1,30 +1,29 @@
 """The UOp IR: the flat list of micro-ops that the linearizer emits and every device's renderer receives.
 
 A kernel is a list of UOps in execution order. Each UOp is `UOp(op, dtype, src, arg)`; `src` are earlier UOps
-of the same list. The kinds, with their `dtype`, `src` and `arg`:
+of the same list. The kinds, as `op: dtype; src; arg`:
 
-| op            | dtype                  | src                                   | arg                                  |
-|---------------|------------------------|---------------------------------------|--------------------------------------|
-| DEFINE_GLOBAL | PtrDType of elements   | ()                                    | (index, name, writable)              |
-| DEFINE_VAR    | int32                  | ()                                    | (name, min, max): a symbolic shape   |
-| DEFINE_LOCAL  | PtrDType of elements   | ()                                    | (name, size) shared by a workgroup   |
-| DEFINE_ACC    | scalar                 | ()                                    | initial value (Python number)        |
-| CONST         | scalar                 | ()                                    | Python bool / int / float            |
-| SPECIAL       | int32                  | ()                                    | (dim, name, size): a launched index; name starts with "gidx" (global) or "lidx" (local) |
-| RANGE         | int32                  | (start CONST, end UOp)                | (axis, is_reduce)                    |
-| ENDRANGE      | None                   | (RANGE,)                              | None                                 |
-| LOAD          | element dtype          | (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false | None |
-| STORE         | None                   | (buffer, index, value) or (buffer, index, value, gate)                   | None |
-| ALU           | result dtype           | operands                              | a UnaryOps/BinaryOps/TernaryOps      |
-| CAST          | target dtype           | (x,) value conversion                 | None                                 |
-| BITCAST       | target dtype           | (x,) same bits, same itemsize         | None                                 |
-| PHI           | accumulator dtype      | (DEFINE_ACC, new value)               | None: the accumulator takes the value|
-| IF / ENDIF    | None                   | (gate,) / (IF,)                       | None                                 |
-| BARRIER       | None                   | ()                                    | None                                 |
+- DEFINE_GLOBAL: PtrDType of the elements; (); (index, name, writable): a buffer argument
+- DEFINE_VAR: int32; (); (name, min, max): a symbolic shape variable passed by value
+- DEFINE_LOCAL: PtrDType of the elements; (); (name, size): memory shared by a workgroup
+- DEFINE_ACC: scalar; (); the initial value (a Python number): an accumulator variable
+- CONST: scalar; (); a Python bool / int / float
+- SPECIAL: int32; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>" (local)
+- RANGE: int32; (start CONST, end); (axis, is_reduce): a loop variable, from start up to end (exclusive)
+- ENDRANGE: None; (RANGE,); None: closes the loop
+- LOAD: element dtype; (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false
+- STORE: None; (buffer, index, value) or (buffer, index, value, gate)
+- ALU: result dtype; operands; a UnaryOps / BinaryOps / TernaryOps
+- CAST: target dtype; (x,); None: value conversion
+- BITCAST: target dtype; (x,); None: the same bits reinterpreted (same itemsize)
+- PHI: accumulator dtype; (DEFINE_ACC, new value); None: the accumulator takes the new value
+- IF / ENDIF: None; (gate,) / (IF,); None
+- BARRIER: None; (); None: every thread of the workgroup waits here
 
 Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s. CMPLT and CMPEQ
 return bool. Loops nest: every RANGE is closed by its ENDRANGE in the reverse order they were opened.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,10 +36,23 @@ from tgcore.dtype import DType
 class UOps(Enum):
     """The kinds of micro-op (see the module docstring for each one's fields)."""
 
-    DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto()  # noqa: E702
-    CONST = auto(); SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto()  # noqa: E702
-    LOAD = auto(); STORE = auto(); ALU = auto(); CAST = auto(); BITCAST = auto(); PHI = auto()  # noqa: E702
-    IF = auto(); ENDIF = auto(); BARRIER = auto()  # noqa: E702
+    DEFINE_GLOBAL = auto()
+    DEFINE_VAR = auto()
+    DEFINE_LOCAL = auto()
+    DEFINE_ACC = auto()
+    CONST = auto()
+    SPECIAL = auto()
+    RANGE = auto()
+    ENDRANGE = auto()
+    LOAD = auto()
+    STORE = auto()
+    ALU = auto()
+    CAST = auto()
+    BITCAST = auto()
+    PHI = auto()
+    IF = auto()
+    ENDIF = auto()
+    BARRIER = auto()
 
 
 @dataclass(frozen=True, eq=False)

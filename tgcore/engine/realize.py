@@ -1,4 +1,5 @@
 """Lowering and running a schedule: each ScheduleItem becomes an ExecItem (a compiled kernel, a copy, ...)."""
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,9 @@ class BufferCopy(Runner):
         st = time.perf_counter()
         allocator = Device[dest.device].allocator
         if hasattr(allocator, "transfer") and dest.device.split(":")[0] == src.device.split(":")[0]:
-            allocator.transfer(dest._opaque, src._opaque, dest.nbytes, src_dev=Device[src.device],
-                               dest_dev=Device[dest.device])
+            allocator.transfer(
+                dest._opaque, src._opaque, dest.nbytes, src_dev=Device[src.device], dest_dev=Device[dest.device]
+            )
         else:
             dest.copyin(src.as_buffer())
         return time.perf_counter() - st if wait else None
@@ -114,8 +116,10 @@ class ExecItem:
             GlobalCounters.time_sum_s += et
         if DEBUG >= 2:
             t = f"{et * 1e6:9.2f} us" if et is not None else " " * 12
-            print(f"{colored(f'*** {self.bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "
-                  f"{self.prg.display_name:40s} {t}  mem {GlobalCounters.mem_used / 1e6:8.2f} MB")
+            print(
+                f"{colored(f'*** {self.bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "
+                f"{self.prg.display_name:40s} {t}  mem {GlobalCounters.mem_used / 1e6:8.2f} MB"
+            )
         return et
 
 

@@ -8,6 +8,7 @@ Fusion rules:
   only) joins that kernel too; otherwise it is a kernel of its own.
 - LoadOps (EMPTY, COPY, CONTIGUOUS, ASSIGN, CUSTOM) and the requested outputs are always realized.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,9 +20,25 @@ from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, Variable
 
 # elementwise ops with f(0, ..., 0) == 0: safe to compute on the zeros a pad's mask reads
-_PAD_SAFE = {UnaryOps.NEG, UnaryOps.SIN, UnaryOps.SQRT, UnaryOps.CAST, UnaryOps.BITCAST, BinaryOps.ADD, BinaryOps.SUB,
-             BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL,
-             BinaryOps.SHR, TernaryOps.WHERE, TernaryOps.MULACC}
+_PAD_SAFE = {
+    UnaryOps.NEG,
+    UnaryOps.SIN,
+    UnaryOps.SQRT,
+    UnaryOps.CAST,
+    UnaryOps.BITCAST,
+    BinaryOps.ADD,
+    BinaryOps.SUB,
+    BinaryOps.MUL,
+    BinaryOps.MAX,
+    BinaryOps.CMPLT,
+    BinaryOps.XOR,
+    BinaryOps.AND,
+    BinaryOps.OR,
+    BinaryOps.SHL,
+    BinaryOps.SHR,
+    TernaryOps.WHERE,
+    TernaryOps.MULACC,
+}
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
 
 
@@ -196,6 +213,7 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
             visit(dep)
         state[b] = 2
         order.append(items[b])
+
     for b in items:
         visit(b)
     var_vals: dict[Variable, int] = {}
@@ -207,4 +225,3 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 def create_schedule(outs: list[LazyBuffer]) -> list[ScheduleItem]:
     """The ordered kernels that realize `outs`."""
     return create_schedule_with_vars(outs)[0]
-

@@ -1,4 +1,5 @@
 """Neural network layers."""
+
 from __future__ import annotations
 
 import math

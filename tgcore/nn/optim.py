@@ -1,4 +1,5 @@
 """Optimizers: they update parameters in place (Tensor.assign) from their .grad."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -40,12 +41,21 @@ class Optimizer:
 class SGD(Optimizer):
     """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay."""
 
-    def __init__(self, params: Sequence[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False) -> None:
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float = 0.001,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         super().__init__(params, lr)
         self.momentum, self.wd, self.nesterov = momentum, weight_decay, nesterov
-        self.b = [Tensor.zeros(*p.shape, device=p.device, requires_grad=False).contiguous() for p in self.params] \
-            if momentum else []
+        self.b = (
+            [Tensor.zeros(*p.shape, device=p.device, requires_grad=False).contiguous() for p in self.params]
+            if momentum
+            else []
+        )
 
     def _step(self) -> list[Tensor]:
         for i, p in enumerate(self.params):
@@ -61,8 +71,15 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam (Kingma & Ba), with decoupled weight decay when used as AdamW."""
 
-    def __init__(self, params: Sequence[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.wd = b1, b2, eps, weight_decay
         dev = self.params[0].device
@@ -86,7 +103,13 @@ class Adam(Optimizer):
         return [self.b1_t, self.b2_t] + self.m + self.v
 
 
-def AdamW(params: Sequence[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.01) -> Adam:
+def AdamW(
+    params: Sequence[Tensor],
+    lr: float = 0.001,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+) -> Adam:
     """Adam with decoupled weight decay."""
     return Adam(params, lr, b1, b2, eps, weight_decay)

@@ -1,4 +1,5 @@
 """The Renderer base (what a device's code generator declares and does) and ProgramSpec (one rendered kernel)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ Every value becomes a local variable declared where it is computed; the target c
 The op spellings keep numpy's semantics: NaN propagates through MAX, integer division by zero gives 0,
 INT_MIN / -1 wraps, shifts past the width give 0 (or -1 for a right shift of a negative number).
 """
+
 from __future__ import annotations
 
 import math
@@ -80,10 +81,15 @@ class CStyleLanguage(Renderer):
         compute = self.float_compute[dt]
         return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
 
-    def render_kernel(self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]],
-                      local_size: Optional[list[int]] = None) -> str:
-        args = [f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}*{self.buffer_suffix} {n}"
-                if isinstance(dt, PtrDType) else f"{self.arg_int_prefix} {n}" for n, dt, writable in bufs]
+    def render_kernel(
+        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
+    ) -> str:
+        args = [
+            f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}*{self.buffer_suffix} {n}"
+            if isinstance(dt, PtrDType)
+            else f"{self.arg_int_prefix} {n}"
+            for n, dt, writable in bufs
+        ]
         body = "\n".join("  " + line for line in kernel)
         return f"{self.kernel_prefix}void {name}({', '.join(args + self.extra_args)}) {{\n{body}\n}}"
 
@@ -113,8 +119,11 @@ class CStyleLanguage(Renderer):
             return f"(({b})==0?0:(({b})==-1?(-{a}):({a}/{b})))" if signed else f"(({b})==0?0:({a}/{b}))"
         if op is BinaryOps.MOD:
             if is_float:
-                return self.render_math("fmod", f"{a},{b}", dt) if dt in (dtypes.float32, dtypes.float64) else \
-                    self.render_cast(f"fmodf((float)({a}),(float)({b}))", dt)
+                return (
+                    self.render_math("fmod", f"{a},{b}", dt)
+                    if dt in (dtypes.float32, dtypes.float64)
+                    else self.render_cast(f"fmodf((float)({a}),(float)({b}))", dt)
+                )
             return f"((({b})==0{'||(' + b + ')==-1' if signed else ''})?0:({a}%{b}))"
         if op in (BinaryOps.SHL, BinaryOps.SHR):
             return self.render_shift(op, a, b, src_dt)
@@ -218,8 +227,18 @@ class CStyleLanguage(Renderer):
 
 
 _INFIX: dict[Op, str] = {
-    BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*", BinaryOps.CMPLT: "<", BinaryOps.CMPEQ: "==",
-    BinaryOps.XOR: "^", BinaryOps.AND: "&", BinaryOps.OR: "|",
+    BinaryOps.ADD: "+",
+    BinaryOps.SUB: "-",
+    BinaryOps.MUL: "*",
+    BinaryOps.CMPLT: "<",
+    BinaryOps.CMPEQ: "==",
+    BinaryOps.XOR: "^",
+    BinaryOps.AND: "&",
+    BinaryOps.OR: "|",
 }
-_UNSIGNED_OF: dict[DType, DType] = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int32: dtypes.uint32,
-                                    dtypes.int64: dtypes.uint64}
+_UNSIGNED_OF: dict[DType, DType] = {
+    dtypes.int8: dtypes.uint8,
+    dtypes.int16: dtypes.uint16,
+    dtypes.int32: dtypes.uint32,
+    dtypes.int64: dtypes.uint64,
+}

@@ -4,6 +4,7 @@ Its renderer serializes the UOp list to JSON; its "compiler" returns those bytes
 Global dimensions are launched like a GPU grid (one SPECIAL per dimension) and all grid positions execute at
 once as numpy lanes, so the interpreter is exact (it uses `tgcore.ops.exec_alu`) and fast enough for tests.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,6 +77,7 @@ class PythonCompiler(Compiler):
 
     def compile(self, src: str) -> bytes:
         from tgcore.device import CompileError
+
         try:
             json.loads(src)["uops"]
         except (ValueError, KeyError, TypeError) as e:
@@ -95,8 +97,14 @@ class PythonProgram:
         rows = json.loads(lib.decode())["uops"]
         self.uops = [(UOps[op], _decode_dtype(dt), tuple(src), _decode_arg(arg)) for op, dt, src, arg in rows]
 
-    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1), local_size: tuple[int, ...] = (1, 1, 1),
-                 vals: tuple[int, ...] = (), wait: bool = False) -> Optional[float]:
+    def __call__(
+        self,
+        *bufs: Any,
+        global_size: tuple[int, ...] = (1, 1, 1),
+        local_size: tuple[int, ...] = (1, 1, 1),
+        vals: tuple[int, ...] = (),
+        wait: bool = False,
+    ) -> Optional[float]:
         lanes = int(np.prod(global_size)) if global_size else 1
         # lane index -> grid position; dimension 0 varies fastest
         grid = np.indices(tuple(reversed(global_size)) if global_size else (1,)).reshape(len(global_size or (1,)), -1)
@@ -186,11 +194,13 @@ class _BF16View:
 
     def __setitem__(self, idx: Any, val: Any) -> None:
         from tgcore.dtype import bf16_round
+
         self.bits[idx] = (bf16_round(np.asarray(val, dtype=np.float32)).view(np.uint32) >> 16).astype(np.uint16)
 
 
 def _cast(x: np.ndarray, dt: DType) -> np.ndarray:
     from tgcore.dtype import bf16_round
+
     with np.errstate(all="ignore"):
         if dt == dtypes.bool:
             return x != 0
@@ -208,10 +218,17 @@ def _bitcast(x: np.ndarray, from_dt: Optional[DType], dt: DType) -> np.ndarray:
 
 # ***** registration, through the same hooks as any plugin *****
 
+
 @hookimpl
 def tg_register_devices(registry: Any) -> None:
-    registry.add(DeviceSpec("PYTHON", PLUGIN_API_VERSION, priority=0,
-                            description="built-in UOp interpreter (numpy), for tests; needs no compiler"))
+    registry.add(
+        DeviceSpec(
+            "PYTHON",
+            PLUGIN_API_VERSION,
+            priority=0,
+            description="built-in UOp interpreter (numpy), for tests; needs no compiler",
+        )
+    )
 
 
 @hookimpl

@@ -1,4 +1,5 @@
 """tg-clang: the CLANG device end to end, its compiler's errors, and isolation from broken plugins."""
+
 from __future__ import annotations
 
 import os
@@ -8,11 +9,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from tg_clang.compiler import ClangCompiler
 
 from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.device import CompileError
-
-from tg_clang.compiler import ClangCompiler
 
 
 def test_clang_is_available_and_default():
@@ -44,7 +44,7 @@ def test_five_chained_elementwise_ops_are_one_kernel():
 
 
 def test_signed_overflow_wraps_like_numpy():
-    big = np.array([2**31 - 1, -2**31], dtype=np.int32)
+    big = np.array([2**31 - 1, -(2**31)], dtype=np.int32)
     with np.errstate(over="ignore"):
         np.testing.assert_array_equal((Tensor(big, device="CLANG") + 1).numpy(), big + np.int32(1))
         np.testing.assert_array_equal((Tensor(big, device="CLANG") * 3).numpy(), big * np.int32(3))
@@ -66,7 +66,9 @@ def test_bad_source_raises_compile_error_with_log():
 
 def test_missing_compiler_is_a_clear_unavailable_reason():
     env = {**os.environ, "CC": "no-such-compiler-tg"}
-    out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True
+    )
     line = next(x for x in out.stdout.splitlines() if x.startswith("CLANG"))
     assert "unavailable" in line and "no-such-compiler-tg" in line
     code = "from tgcore import Tensor; Tensor([1.0], device='CLANG')"
@@ -88,7 +90,9 @@ def test_broken_entry_point_is_listed_and_clang_still_works(tmp_path):
     (dist / "entry_points.txt").write_text("[tgcore]\nbroken = broken_tg_plugin\n")
     (tmp_path / "broken_tg_plugin.py").write_text("raise RuntimeError('this plugin is broken on purpose')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True, env=env, check=True
+    )
     broken = next(x for x in out.stdout.splitlines() if x.startswith("broken"))
     assert "broken on purpose" in broken
     assert any(x.startswith("CLANG") and "available" in x and "unavailable" not in x for x in out.stdout.splitlines())

@@ -1,16 +1,16 @@
 """tg-clang: the CLANG device. Kernels are rendered to C, compiled to a shared object by the system C compiler
 (`CC` overrides), loaded through cffi, and run on host memory from the core's MallocAllocator."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from tgcore.device import MallocAllocator
-from tgcore.dtype import dtypes
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
-
 from tg_clang.compiler import ClangCompiler, find_compiler
 from tg_clang.renderer import ClangRenderer
 from tg_clang.runtime import ClangProgram
+from tgcore.device import MallocAllocator
+from tgcore.dtype import dtypes
+from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
 __version__ = "0.1.0"
 DEVICE = "CLANG"
@@ -27,9 +27,16 @@ def probe() -> Optional[str]:
 
 @hookimpl
 def tg_register_devices(registry: Any) -> None:
-    registry.add(DeviceSpec(DEVICE, PLUGIN_API_VERSION, priority=10, probe=probe,
-                            dtypes=tuple(d for d in ALL_DTYPES if d != dtypes.bfloat16),
-                            description="C through the system compiler, run on this CPU"))
+    registry.add(
+        DeviceSpec(
+            DEVICE,
+            PLUGIN_API_VERSION,
+            priority=10,
+            probe=probe,
+            dtypes=tuple(d for d in ALL_DTYPES if d != dtypes.bfloat16),
+            description="C through the system compiler, run on this CPU",
+        )
+    )
 
 
 @hookimpl

@@ -1,4 +1,5 @@
 """Builds C source into a shared object with the system C compiler."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ CFLAGS = ["-shared", "-fPIC", "-O2", "-march=native", "-std=c11", "-fwrapv", "-f
 
 def find_compiler() -> str:
     """The C compiler to use: $CC, else cc, clang or gcc on PATH; FileNotFoundError says what to install."""
-    if (cc := os.environ.get("CC")):
+    if cc := os.environ.get("CC"):
         path = shutil.which(cc)
         if path is None:
             raise FileNotFoundError(f"the C compiler CC={cc!r} was not found on PATH")
@@ -36,10 +37,17 @@ class ClangCompiler(Compiler):
     def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="tg_clang_") as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"], input=src.encode(),
-                                  capture_output=True, check=False)
+            proc = subprocess.run(
+                [self.cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"],
+                input=src.encode(),
+                capture_output=True,
+                check=False,
+            )
             if proc.returncode != 0:
-                raise CompileError(f"{os.path.basename(self.cc)} failed with exit code {proc.returncode}",
-                                   log=proc.stderr.decode(errors="replace"), src=src)
+                raise CompileError(
+                    f"{os.path.basename(self.cc)} failed with exit code {proc.returncode}",
+                    log=proc.stderr.decode(errors="replace"),
+                    src=src,
+                )
             with open(out, "rb") as f:
                 return f.read()

@@ -1,4 +1,5 @@
 """The C dialect of the C-family renderer: one uniform kernel signature `void name(void **bufs, const int *vals)`."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -14,19 +15,26 @@ class ClangRenderer(CStyleLanguage):
 
     device = "CLANG"
     global_max = None
-    type_map = {dtypes.bool: "_Bool", dtypes.float16: "_Float16", dtypes.int64: "long long",
-                dtypes.uint64: "unsigned long long"}
+    type_map = {
+        dtypes.bool: "_Bool",
+        dtypes.float16: "_Float16",
+        dtypes.int64: "long long",
+        dtypes.uint64: "unsigned long long",
+    }
     infinity = "__builtin_inff()"
-    nan = "__builtin_nanf(\"\")"
+    nan = '__builtin_nanf("")'
 
     def render_const(self, val: object, dt: DType) -> str:
         text = super().render_const(val, dt)
         if dt == dtypes.float64:  # the float spellings of inf and nan, widened
-            text = text.replace("__builtin_inff()", "__builtin_inf()").replace('__builtin_nanf("")', '__builtin_nan("")')
+            text = text.replace("__builtin_inff()", "__builtin_inf()").replace(
+                '__builtin_nanf("")', '__builtin_nan("")'
+            )
         return text
 
-    def render_kernel(self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]],
-                      local_size: Optional[list[int]] = None) -> str:
+    def render_kernel(
+        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
+    ) -> str:
         prologue, n_buf, n_var = [], 0, 0
         for n, dt, writable in bufs:
             if isinstance(dt, PtrDType):

@@ -1,4 +1,5 @@
 """Loads a compiled shared object through cffi and calls its kernel."""
+
 from __future__ import annotations
 
 import ctypes
@@ -26,9 +27,14 @@ class ClangProgram:
             os.unlink(path)  # the loaded library stays mapped
         self.fxn = getattr(self.lib, name)
 
-    def __call__(self, *bufs: Any, global_size: Optional[tuple[int, ...]] = None,
-                 local_size: Optional[tuple[int, ...]] = None, vals: tuple[int, ...] = (),
-                 wait: bool = False) -> Optional[float]:
+    def __call__(
+        self,
+        *bufs: Any,
+        global_size: Optional[tuple[int, ...]] = None,
+        local_size: Optional[tuple[int, ...]] = None,
+        vals: tuple[int, ...] = (),
+        wait: bool = False,
+    ) -> Optional[float]:
         ptrs = self.ffi.new("void*[]", [self.ffi.cast("void*", ctypes.addressof(b)) for b in bufs] or [self.ffi.NULL])
         ints = self.ffi.new("int[]", list(vals) or [0])
         st = time.perf_counter()
