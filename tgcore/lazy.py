@@ -6,7 +6,6 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -38,8 +37,6 @@ class LazyBuffer:
         if base is None:
             self.op, self.arg, self.srcs = op, arg, srcs
             self.realized: Optional[Buffer] = None
-            self.forced_realize = False
-            self.contiguous_child: Optional[weakref.ref[LazyBuffer]] = None
             # an ASSIGN writes into the buffer of its target
             self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, self.size, dtype)
         else:
@@ -105,10 +102,7 @@ class LazyBuffer:
     def contiguous(self) -> LazyBuffer:
         """This data in a buffer of its own, laid out contiguously (a no-op when it already is)."""
         if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
-            ret = self._new(LoadOps.CONTIGUOUS, None, (self,))
-            if self._base is not None and self.st.contiguous is False:
-                self.base.contiguous_child = weakref.ref(ret)
-            return ret
+            return self._new(LoadOps.CONTIGUOUS, None, (self,))
         return self
 
     def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:

@@ -75,14 +75,14 @@ class _Graph:
                 self.realizes[b] = None
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
-            if b.op in ReduceOps and b not in outs and not b.forced_realize:
+            if b.op in ReduceOps and b not in outs:
                 self._try_fuse_reduce(b)
 
     def _walk(self, b: LazyBuffer) -> None:
         if b.realized is not None or b in self.seen:
             return
         self.seen[b] = None
-        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
+        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST):
             self.realizes[b] = None
         for src in b.srcs:
             sb = src.base

@@ -11,7 +11,7 @@ the node kinds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
 from tgcore.shape.view import View, _canon, _prod
@@ -132,10 +132,10 @@ class ShapeTracker:
         Variables idx0, idx1, ... in [0, size-1]. Validity is NumNode(1) when always valid."""
         if idxs is None:
             idxs = self._default_idxs()
-        idxs = [NumNode(i) if isinstance(i, int) else i for i in idxs]
-        if len(idxs) != len(self.shape):
-            raise ValueError(f"expr_idxs needs {len(self.shape)} indices, got {len(idxs)}")
-        idx, valid = _view_expr(self.views[-1], idxs)
+        nidxs: List[Node] = [NumNode(i) if isinstance(i, int) else i for i in idxs]
+        if len(nidxs) != len(self.shape):
+            raise ValueError(f"expr_idxs needs {len(self.shape)} indices, got {len(nidxs)}")
+        idx, valid = _view_expr(self.views[-1], nidxs)
         for v in reversed(self.views[:-1]):
             idx, v_valid = _view_expr(v, _unravel(v.shape, idx))
             valid = Node.ands([valid, v_valid])
@@ -175,7 +175,7 @@ class ShapeTracker:
                     ret[i] = None
                 continue
             i = used[0]
-            c = _linear_coef(term, idxs[i])
+            c = _linear_coef(term, cast(Variable, idxs[i]))
             cur = ret[i]
             ret[i] = None if c is None or cur is None else _canon(cur + c)
         if not ignore_valid:
@@ -201,7 +201,8 @@ class ShapeTracker:
             return ret
         if any(b >= e for b, e in mask):
             return 0
-        idxs = [Variable(f"idx{i}", b, e - 1) if e - b > 1 else NumNode(b) for i, (b, e) in enumerate(mask)]
+        imask = cast(Tuple[Tuple[int, int], ...], mask)
+        idxs = [Variable(f"idx{i}", b, e - 1) if e - b > 1 else NumNode(b) for i, (b, e) in enumerate(imask)]
         try:
             idx, valid = self.expr_idxs(idxs)
         except ValueError:

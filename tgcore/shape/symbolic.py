@@ -74,7 +74,7 @@ def _ceildiv(a: int, b: int) -> int:
 
 def _split_coef(n: "Node") -> Tuple[int, "Node"]:
     """n == coef * base with an int coef (1 when there is none)."""
-    if isinstance(n, MulNode) and _is_int(n.b):
+    if isinstance(n, MulNode) and isinstance(n.b, int):
         return n.b, n.a
     return 1, n
 
@@ -91,6 +91,7 @@ class Node:
     __slots__ = ("min", "max", "_hash")
     min: int
     max: int
+    _hash: Optional[int]
 
     def _set(self, **kw) -> None:
         for k, v in kw.items():
@@ -360,13 +361,13 @@ def _factor_out(term: Node, b: Node) -> Optional[Node]:
     if term == b:
         return NumNode(1)
     if isinstance(term, MulNode):
-        if _is_int(term.b):
+        if isinstance(term.b, int):
             f = _factor_out(term.a, b)
             return None if f is None else f._mul_int(term.b)
         if term.b == b:
             return term.a
         if term.a == b:
-            return term.b
+            return _to_node(term.b)
         f = _factor_out(term.a, b)
         if f is not None:
             return f * term.b
@@ -443,7 +444,7 @@ def create_lt_node(lhs: Union[int, Node], b: Union[int, Node]) -> Node:
             r = Node.sum(small)
             if r.min >= 0 and r.max < c:
                 return create_lt_node(Node.sum([_exact_div(n, c) for n in big]), b // c)
-    if isinstance(lhs, MulNode) and _is_int(lhs.b) and abs(lhs.b) > 1:
+    if isinstance(lhs, MulNode) and isinstance(lhs.b, int) and abs(lhs.b) > 1:
         c = lhs.b
         return create_lt_node(lhs.a._mul_int(1 if c > 0 else -1), _ceildiv(b, abs(c)))
     return LtNode(lhs, b)
@@ -594,12 +595,12 @@ class MulNode(Node):
         return f"({self.a.render(ctx)}*{self.b.render(ctx) if isinstance(self.b, Node) else self.b})"
 
     def _mul_int(self, b: int) -> Node:
-        if _is_int(self.b):
+        if isinstance(self.b, int):
             return self.a._mul_int(self.b * b)
         return super()._mul_int(b)
 
     def _div_struct(self, b: int) -> Node:
-        if _is_int(self.b):
+        if isinstance(self.b, int):
             if self.b % b == 0:
                 return self.a._mul_int(self.b // b)
             if self.b > 0 and b % self.b == 0:
@@ -607,7 +608,7 @@ class MulNode(Node):
         return DivNode(self, b)
 
     def _mod_struct(self, b: int) -> Node:
-        if _is_int(self.b):
+        if isinstance(self.b, int):
             c = self.b
             if c % b == 0:
                 return NumNode(0)

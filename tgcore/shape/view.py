@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Set, Tuple
+from typing import List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint
 
@@ -261,15 +261,15 @@ class View:
             return self
         shape = tuple(_canon(e - b) for b, e in arg)
         offset = _canon(self.offset + sum((b * st for (b, _), st in zip(arg, self.strides)), 0))
-        mask = None
+        mask: Optional[Mask] = None
         if self.mask is not None:
-            mask = []
+            new_mask = []
             for (mb, me), (b, e) in zip(self.mask, arg):
                 nb, ne = _canon(_smax(mb, b) - b), _canon(_smin(me, e) - b)
                 if _is_empty(nb, ne):
                     nb, ne = 0, 0
-                mask.append((nb, ne))
-            mask = tuple(mask)
+                new_mask.append((nb, ne))
+            mask = tuple(new_mask)
         return View.create(shape, self.strides, offset, mask)
 
     def stride(self, mul: Sequence[int]) -> "View":
@@ -280,15 +280,15 @@ class View:
         strides = tuple(_canon(st * m) for st, m in zip(self.strides, mul))
         flipped = ((s - 1) * st for s, st, m in zip(self.shape, self.strides, mul) if m < 0)
         offset = _canon(self.offset + sum(flipped, 0))
-        mask = None
+        mask: Optional[Mask] = None
         if self.mask is not None:
-            mask = []
+            new_mask = []
             for (b, e), s, m in zip(self.mask, self.shape, mul):
                 if m < 0:
                     b, e = _canon(s - e), _canon(s - b)
                 am = abs(m)
-                mask.append((b, e) if am == 1 else (_ceil_div(b, am), _ceil_div(e, am)))
-            mask = tuple(mask)
+                new_mask.append((b, e) if am == 1 else (_ceil_div(b, am), _ceil_div(e, am)))
+            mask = tuple(new_mask)
         return View.create(shape, strides, offset, mask)
 
     def flip(self, axes: Sequence[int]) -> "View":
@@ -328,7 +328,8 @@ class View:
             new_mask += mask
             offset = _canon(offset + delta)
         it_st, it_m = iter(new_strides), iter(new_mask)
-        strides_out, mask_out = [], []
+        strides_out: List[sint] = []
+        mask_out: List[Tuple[sint, sint]] = []
         for s in new_shape:
             if s == 1:
                 strides_out.append(0)
@@ -382,7 +383,8 @@ class View:
         if any(st == 0 for s, st in zip(self.shape, self.strides) if s != 1):
             return None
         flips = tuple(-1 if st < 0 else 1 for st in self.strides)
-        order = sorted(range(len(self.shape)), key=lambda i: -abs(self.strides[i]))
+        istrides = cast(Tuple[int, ...], self.strides)
+        order = sorted(range(len(self.shape)), key=lambda i: -abs(istrides[i]))
         if not self.stride(flips).permute(order).contiguous:
             return None
         return View.create(self.shape).stride(flips).permute(order)
@@ -430,12 +432,12 @@ def _group_blocks(old: List[sint], new: List[sint]) -> Optional[List[Tuple[int, 
         while po != pn:
             if isinstance(po, int) and isinstance(pn, int):
                 grow_old = po < pn
-            elif isinstance(po, int) != isinstance(pn, int):
-                grow_old = isinstance(po, int)
-            elif po.max != pn.max:
+            elif isinstance(po, Node) and isinstance(pn, Node):
+                if po.max == pn.max:
+                    return None
                 grow_old = po.max < pn.max
             else:
-                return None
+                grow_old = isinstance(po, int)
             if grow_old:
                 if i >= len(old):
                     return None
@@ -474,8 +476,7 @@ def _reshape_block(axes: List[Tuple[sint, sint, Tuple[sint, sint]]], new_sizes: 
     """Merge old axes (size, stride, mask) into one flat axis and split it into new_sizes.
     Returns (strides, masks, offset delta) or None."""
     if len(axes) == 1 and len(new_sizes) == 1:
-        s, st, m = axes[0]
-        return [st], [m], 0
+        return [axes[0][1]], [axes[0][2]], 0
     n = len(axes)
     C: List[sint] = [1] * n
     for k in range(n - 2, -1, -1):
@@ -508,17 +509,19 @@ def _reshape_block(axes: List[Tuple[sint, sint, Tuple[sint, sint]]], new_sizes: 
         k0 = max(k for k in range(n) if not full[k])
         if any(width[k] != 1 for k in range(k0)):
             return None
-        fb = sum(axes[k][2][0] * C[k] for k in range(n))
-        flat_mask = (fb, fb + width[k0] * C[k0])
+        fb = cast(int, sum(axes[k][2][0] * C[k] for k in range(n)))
+        flat_mask = (fb, fb + cast(int, width[k0] * C[k0]))
     m = len(new_sizes)
     D: List[sint] = [1] * m
     for k in range(m - 2, -1, -1):
         D[k] = _canon(D[k + 1] * new_sizes[k + 1])
     strides = [_canon(S * d) for d in D]
+    masks: Optional[List[Tuple[sint, sint]]]
     if flat_mask is None:
         masks = [(0, s) for s in new_sizes]
     else:
-        masks = _split_mask(flat_mask[0], flat_mask[1], new_sizes)
+        split = _split_mask(flat_mask[0], flat_mask[1], cast(List[int], new_sizes))
+        masks = cast(Optional[List[Tuple[sint, sint]]], split)
         if masks is None:
             return None
     return strides, masks, delta
@@ -554,15 +557,16 @@ def _unravel(x: int, shape: Tuple[int, ...], C: List[int]) -> List[int]:
 
 def _merge_affine(vm2: View, vm1: View) -> Optional[View]:
     """vm1 unmasked, everything int: vm1's flat index mapped through vm2's coordinates, if affine."""
-    shape2 = vm2.shape
+    shape2 = cast(Tuple[int, ...], vm2.shape)
     C = [1] * len(shape2)
     for k in range(len(shape2) - 2, -1, -1):
         C[k] = C[k + 1] * shape2[k + 1]
-    if vm1.offset < 0:
+    off1 = cast(int, vm1.offset)
+    if off1 < 0:
         return None
-    o = _unravel(vm1.offset, shape2, C)
-    d = [_unravel(st, shape2, C) for st in vm1.strides]
-    n1 = vm1.shape
+    o = _unravel(off1, shape2, C)
+    d = [_unravel(st, shape2, C) for st in cast(Tuple[int, ...], vm1.strides)]
+    n1 = cast(Tuple[int, ...], vm1.shape)
     for k, s2 in enumerate(shape2):
         lo = o[k] + sum(min(0, (n - 1) * di[k]) for n, di in zip(n1, d))
         hi = o[k] + sum(max(0, (n - 1) * di[k]) for n, di in zip(n1, d))
