@@ -109,8 +109,8 @@ class _Graph:
         while frontier:
             node = frontier.pop()
             for child, view in self.children.get(node, []):
-                if view is not node or child.shape != r.shape:
-                    return  # read through a view: the reduce's index space does not match the reader's
+                if not view.st.contiguous or view.size != r.size:
+                    return  # read through a view that moves data: the reader's index space differs
                 if child in self.realizes:
                     group[child] = None
                 elif isinstance(child.op, _ELEMENTWISE):
@@ -182,8 +182,13 @@ class _KernelBuilder:
         if b.op in (LoadOps.EMPTY, LoadOps.COPY, LoadOps.CUSTOM):
             inputs = tuple(s.base for s in b.srcs)
             return ScheduleItem(LazyOp(b.op, (), b.arg), (b,), inputs)
-        value = self._read(b, ShapeTracker.from_shape(b.shape))
-        ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, b.dtype, ShapeTracker.from_shape(b.shape)))
+        # a fused reduce may reach this kernel through reshapes: index the kernel in the reduce's output shape
+        fused = self.graph.fused_reduces.get(b)
+        out_st = ShapeTracker.from_shape(b.shape)
+        if fused and fused[0].shape != b.shape:
+            out_st = out_st.reshape(fused[0].shape)
+        value = self._read(b, out_st)
+        ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, b.dtype, out_st))
         return ScheduleItem(ast, (b,), tuple(self.inputs), self.var_vals)
 
 

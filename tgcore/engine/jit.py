@@ -1,0 +1,148 @@
+"""TinyJit: record the kernels a function runs, then replay them without building or walking the lazy graph.
+
+The first call runs the function normally. The second call runs it again while recording every kernel launch
+(with its buffers). Later calls swap the new inputs' buffers into the recording and launch the recorded kernels
+directly. Inputs must keep their shapes, dtypes and devices; symbolic Variables passed as arguments may change.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+from tgcore.device import Buffer
+from tgcore.engine import realize
+from tgcore.engine.realize import ExecItem
+from tgcore.helpers import JIT
+from tgcore.shape.symbolic import Variable
+
+ReturnType = TypeVar("ReturnType")
+
+
+class JitError(RuntimeError):
+    """A jitted function was called in a way its recording cannot serve."""
+
+
+@dataclass(frozen=True)
+class _InputSignature:
+    shape: tuple[Any, ...]
+    dtype: Any
+    device: str
+
+
+def _is_tensor(v: Any) -> bool:
+    return hasattr(v, "lazydata") and hasattr(v, "realize")
+
+
+def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    return [v for v in (*args, *kwargs.values()) if _is_tensor(v)]
+
+
+def _plain(v: Any) -> Any:
+    """A tensor whose data is its own realized contiguous buffer (the jit swaps such buffers on replay)."""
+    if not _is_tensor(v):
+        return v
+    v.realize()
+    lb = v.lazydata
+    return v if lb.base is lb and lb.realized is not None else v.contiguous().realize()
+
+
+def _variables_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, int]:
+    out = {}
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, Variable):
+            if v.val is None:
+                raise JitError(f"symbolic variable {v.expr} passed to a jitted function must be bound: use .bind(value)")
+            var, val = v.unbind()
+            out[var] = val
+    return out
+
+
+class TinyJit(Generic[ReturnType]):
+    """Decorator: `@TinyJit def step(x): ...`; captures on the second call, replays from the third."""
+
+    def __init__(self, fxn: Callable[..., ReturnType]) -> None:
+        self.fxn = fxn
+        self.reset()
+        functools.update_wrapper(self, fxn)
+
+    def reset(self) -> None:
+        """Forget the recording; the next call runs the function again."""
+        self.cnt = 0
+        self.jit_cache: list[ExecItem] = []
+        self.input_slots: list[tuple[int, int]] = []  # (exec item, buffer position) -> which input goes there
+        self.input_index: list[int] = []
+        self.signature: list[_InputSignature] = []
+        self.ret: Any = None
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return functools.partial(self.__call__, obj) if obj is not None else self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        args = tuple(_plain(a) for a in args)
+        kwargs = {k: _plain(v) for k, v in kwargs.items()}
+        tensors = _tensors_in(args, kwargs)
+        var_vals = _variables_in(args, kwargs)
+        if not JIT:
+            return self.fxn(*args, **kwargs)
+        if self.cnt == 0:
+            self.cnt = 1
+            return self._run_and_realize(args, kwargs)
+        if self.cnt == 1:
+            return self._capture(args, kwargs, tensors)
+        return self._replay(tensors, var_vals)
+
+    def _run_and_realize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReturnType:
+        ret = self.fxn(*args, **kwargs)
+        outs = _tensors_in(ret if isinstance(ret, tuple) else (ret,), {})
+        if outs:
+            outs[0].realize(*outs[1:])
+        return ret
+
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Any]) -> ReturnType:
+        recorded: list[ExecItem] = []
+        realize._capturing.append(lambda ei, vv: recorded.append(ei))
+        try:
+            self.ret = self._run_and_realize(args, kwargs)
+        finally:
+            realize._capturing.pop()
+        if not recorded:
+            raise JitError(f"{getattr(self.fxn, '__name__', 'the function')} ran no kernel: nothing to jit")
+        buffers = {id(t.lazydata.base.realized): i for i, t in enumerate(tensors)}
+        self.jit_cache = recorded
+        self.input_slots, self.input_index = [], []
+        for j, ei in enumerate(recorded):
+            for k, b in enumerate(ei.bufs):
+                if id(b) in buffers:
+                    self.input_slots.append((j, k))
+                    self.input_index.append(buffers[id(b)])
+        self.signature = [_InputSignature(t.shape, t.dtype, t.device) for t in tensors]
+        self.cnt = 2
+        return self.ret
+
+    def _replay(self, tensors: list[Any], var_vals: dict[Variable, int]) -> ReturnType:
+        signature = [_InputSignature(t.shape, t.dtype, t.device) for t in tensors]
+        if len(signature) != len(self.signature) or any(
+            a.dtype != b.dtype or a.device != b.device or not _shape_compatible(a.shape, b.shape)
+            for a, b in zip(signature, self.signature)
+        ):
+            raise JitError(
+                f"jitted function was recorded for inputs {_describe(self.signature)} but got {_describe(signature)}: "
+                "shapes, dtypes and devices must stay the same (use a symbolic Variable for a changing size, or "
+                "call .reset() to record again)"
+            )
+        bufs: list[Buffer] = [t.lazydata.base.realized for t in tensors]
+        for (j, k), i in zip(self.input_slots, self.input_index):
+            self.jit_cache[j].bufs[k] = bufs[i]
+        for ei in self.jit_cache:
+            ei.run(var_vals)
+        return self.ret
+
+
+def _shape_compatible(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or not isinstance(x, int) or not isinstance(y, int) for x, y in zip(a, b))
+
+
+def _describe(sig: list[_InputSignature]) -> str:
+    return ", ".join(f"{s.shape} {s.dtype} {s.device}" for s in sig) or "no tensors"
+
