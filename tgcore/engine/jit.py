@@ -4,11 +4,12 @@ The first call runs the function normally. The second call runs it again while r
 (with its buffers). Later calls swap the new inputs' buffers into the recording and launch the recorded kernels
 directly. Inputs must keep their shapes, dtypes and devices; symbolic Variables passed as arguments may change.
 """
+
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from tgcore.device import Buffer
 from tgcore.engine import realize
@@ -52,7 +53,9 @@ def _variables_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variabl
     for v in (*args, *kwargs.values()):
         if isinstance(v, Variable):
             if v.val is None:
-                raise JitError(f"symbolic variable {v.expr} passed to a jitted function must be bound: use .bind(value)")
+                raise JitError(
+                    f"symbolic variable {v.expr} passed to a jitted function must be bound: use .bind(value)"
+                )
             var, val = v.unbind()
             out[var] = val
     return out
@@ -145,4 +148,3 @@ def _shape_compatible(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
 
 def _describe(sig: list[_InputSignature]) -> str:
     return ", ".join(f"{s.shape} {s.dtype} {s.device}" for s in sig) or "no tensors"
-

@@ -82,7 +82,7 @@ class _Graph:
         if b.realized is not None or b in self.seen:
             return
         self.seen[b] = None
-        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST):
+        if isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST:
             self.realizes[b] = None
         for src in b.srcs:
             sb = src.base
