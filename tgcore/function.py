@@ -226,6 +226,15 @@ class Div(Function):
         )
 
 
+class Mod(Function):
+    # the remainder of division truncated toward zero (C's % and fmod); d/dy is piecewise -trunc(x/y), not passed on
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        return x.e(BinaryOps.MOD, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], None]:
+        return grad_output if self.needs_input_grad[0] else None, None
+
+
 # ***** ternary ops *****
 
 

@@ -6,6 +6,8 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -37,6 +39,7 @@ class LazyBuffer:
         if base is None:
             self.op, self.arg, self.srcs = op, arg, srcs
             self.realized: Optional[Buffer] = None
+            self.forced_realize = False  # realize this base even if it could be fused into its readers
             # an ASSIGN writes into the buffer of its target
             self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, self.size, dtype)
         else:
@@ -103,6 +106,8 @@ class LazyBuffer:
         """This data in a buffer of its own, laid out contiguously (a no-op when it already is)."""
         if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
             return self._new(LoadOps.CONTIGUOUS, None, (self,))
+        if self.base.realized is None:
+            self.base.forced_realize = True  # a kernel boundary: this base gets a buffer of its own
         return self
 
     def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
@@ -111,7 +116,7 @@ class LazyBuffer:
             return self
         if bitcast and self.dtype.itemsize != dtype.itemsize:
             raise ValueError(f"cannot bitcast {self.dtype} to {dtype}: the item sizes differ")
-        if self.is_unrealized_unmasked_const() and not bitcast:
+        if self.is_unrealized_unmasked_const() and not bitcast and _foldable_cast(self.base.arg, dtype):
             return (
                 LazyBuffer.loadop(LoadOps.CONST, (), dtype, self.device, self.base.arg)
                 .reshape((1,) * len(self.shape))
@@ -211,3 +216,8 @@ class LazyBuffer:
 
 def _np_type(dt: DType) -> type:
     return np.float32 if dt == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
+
+
+def _foldable_cast(val: object, dtype: DType) -> bool:
+    """Whether casting the constant `val` to `dtype` can be done now (inf and NaN have no integer value)."""
+    return not (isinstance(val, float) and not math.isfinite(val) and (dtypes.is_int(dtype) or dtype == dtypes.bool))

@@ -72,7 +72,10 @@ class Tensor:
             lb = LazyBuffer.fromcpu(np.frombuffer(data, np.uint8), device, dtypes.uint8)
         elif isinstance(data, (list, tuple)):
             arr = _from_python(data, dt)
-            lb = LazyBuffer.fromcpu(arr, device, dt or (dtypes.from_py(data) if arr.size else dtypes.default_float))
+            target = dt or (dtypes.from_py(data) if arr.size else dtypes.default_float)
+            lb = LazyBuffer.fromcpu(arr, device, dtypes.from_np(arr.dtype))
+            if lb.dtype != target:  # bfloat16 has no numpy type: its values arrive as float32
+                lb = lb.cast(target)
         elif isinstance(data, np.ndarray):
             if data.dtype == object:
                 raise TypeError("cannot make a tensor from a numpy array of Python objects")
@@ -90,7 +93,7 @@ class Tensor:
         self.lazydata = lb
 
     def __repr__(self) -> str:
-        return f"<Tensor {self.lazydata!r} on {self.device} with grad {self.grad.lazydata if self.grad else None!r}>"
+        return f"<Tensor {self.lazydata!r} on {self.device} with grad {self.grad.lazydata if self.grad is not None else None!r}>"
 
     def __hash__(self) -> int:
         return id(self)
@@ -491,13 +494,14 @@ class Tensor:
     def __getitem__(self, indices: Any) -> Tensor:
         """Basic indexing: ints, slices (any step), None and Ellipsis."""
         idx = list(indices) if isinstance(indices, tuple) else [indices]
-        if sum(1 for i in idx if i is Ellipsis) > 1:
+        ellipses = [k for k, i in enumerate(idx) if i is Ellipsis]
+        if len(ellipses) > 1:
             raise IndexError("an index can only have a single ellipsis")
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices for a tensor of {self.ndim} dimensions")
-        if Ellipsis in idx:
-            e = idx.index(Ellipsis)
+        if ellipses:
+            e = ellipses[0]
             idx[e : e + 1] = [slice(None)] * (self.ndim - n_real)
         else:
             idx += [slice(None)] * (self.ndim - n_real)
@@ -657,6 +661,8 @@ class Tensor:
         )
 
     def cumsum(self, axis: int = 0) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
         ax = self._resolve_dim(axis)
         x = self.transpose(ax, -1)
         n = x.shape[-1]
@@ -791,8 +797,9 @@ class Tensor:
     def trunc(self) -> Tensor:
         if not dtypes.is_float(self.dtype):
             return self
-        big = self.abs() >= 2 ** (23 if self.dtype != dtypes.float64 else 52)
-        return big.where(self, self.cast(dtypes.int64).cast(self.dtype))
+        # values this large are integers already; NaN and inf stay as they are
+        keep = (self.abs() >= 2 ** (23 if self.dtype != dtypes.float64 else 52)) | (self != self)
+        return keep.where(self, self.cast(dtypes.int64).cast(self.dtype))
 
     def floor(self) -> Tensor:
         b = self.trunc()
@@ -851,21 +858,30 @@ class Tensor:
             a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(b.dtype))
         return F.Div.apply(a, b)
 
+    def _divmod(self, x: Union[Tensor, ConstType], reverse: bool) -> tuple[Tensor, Tensor]:
+        """(a // b, a % b) with numpy's rounding toward negative infinity; integer division by 0 gives (0, 0)."""
+        a, b = self._broadcasted(x, reverse)
+        rem = F.Mod.apply(a, b)  # truncated: the sign of a
+        adjust = (rem != 0) & ((rem < 0) != (b < 0))  # floor is one below the truncated quotient
+        if not dtypes.is_float(a.dtype):
+            q = F.Div.apply(a, b)
+            if dtypes.is_unsigned(a.dtype):
+                return q, rem
+            return q - adjust.cast(a.dtype), adjust.where(rem + b, rem)
+        div = ((a - rem) / b).detach() - adjust.cast(a.dtype)
+        floor = div.floor()
+        rounded = (div - floor > 0.5).where(floor + 1, floor)
+        quotient = (b == 0).where(a / b, (div != 0).where(rounded, (a / b) * 0))
+        modulo = adjust.where(rem + b, (rem == 0).where((b < 0).where(-0.0, 0.0), rem))
+        return quotient, modulo
+
     def floordiv(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
         """Division rounded toward negative infinity (numpy's //)."""
-        a, b = self._broadcasted(x, reverse)
-        if dtypes.is_float(a.dtype):
-            return F.Div.apply(a, b).floor()
-        q = F.Div.apply(a, b)
-        if dtypes.is_unsigned(a.dtype):
-            return q
-        fix = ((q * b) != a) * ((a < 0) != (b < 0))
-        return q - fix.cast(q.dtype)
+        return self._divmod(x, reverse)[0]
 
     def mod(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
         """Remainder with the sign of the divisor (numpy's %)."""
-        a, b = self._broadcasted(x, reverse)
-        return a - a.floordiv(b) * b if not dtypes.is_float(a.dtype) else a - (a / b).floor() * b
+        return self._divmod(x, reverse)[1]
 
     def pow(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
         base, exponent = self._broadcasted(x, reverse)

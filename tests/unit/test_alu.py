@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tgcore.dtype import DType, dtypes, truncate
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 
-INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64]
+INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+        dtypes.uint64]
 SIGNED = [dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64]
 
 

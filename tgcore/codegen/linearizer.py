@@ -81,10 +81,15 @@ class Linearizer:
             return self.index_vars[n] if n in self.index_vars else self.var_uops[n.expr]
         if isinstance(n, MulNode):
             return self.alu(BinaryOps.MUL, dtypes.int32, self.node(n.a), self.node(n.b))
-        if isinstance(n, DivNode):
-            return self.alu(BinaryOps.DIV, dtypes.int32, self.node(n.a), self.node(n.b))
-        if isinstance(n, ModNode):
-            return self.alu(BinaryOps.MOD, dtypes.int32, self.node(n.a), self.node(n.b))
+        if isinstance(n, (DivNode, ModNode)):
+            # Nodes divide with floor semantics, ALU DIV/MOD truncate: shift a numerator that can be negative
+            # by a multiple of the divisor so both agree
+            shift = -(n.a.min // n.b) if isinstance(n.b, int) and n.a.min < 0 else 0
+            a = self.node(n.a + shift * n.b) if shift else self.node(n.a)
+            if isinstance(n, ModNode):
+                return self.alu(BinaryOps.MOD, dtypes.int32, a, self.node(n.b))
+            q = self.alu(BinaryOps.DIV, dtypes.int32, a, self.node(n.b))
+            return self.alu(BinaryOps.SUB, dtypes.int32, q, self.const(shift, dtypes.int32)) if shift else q
         if isinstance(n, LtNode):
             return self.alu(BinaryOps.CMPLT, dtypes.bool, self.node(n.a), self.node(n.b))
         if isinstance(n, (SumNode, AndNode)):

@@ -75,14 +75,14 @@ class _Graph:
                 self.realizes[b] = None
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
-            if b.op in ReduceOps and b not in outs:
+            if b.op in ReduceOps and b not in outs and not b.forced_realize:
                 self._try_fuse_reduce(b)
 
     def _walk(self, b: LazyBuffer) -> None:
         if b.realized is not None or b in self.seen:
             return
         self.seen[b] = None
-        if isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST:
+        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
             self.realizes[b] = None
         for src in b.srcs:
             sb = src.base
@@ -179,6 +179,8 @@ class _KernelBuilder:
 
     def build(self) -> ScheduleItem:
         b = self.out
+        if b.size == 0:  # nothing to compute: the (empty) buffer is all there is
+            return ScheduleItem(LazyOp(LoadOps.EMPTY), (b,), ())
         if b.op in (LoadOps.EMPTY, LoadOps.COPY, LoadOps.CUSTOM):
             inputs = tuple(s.base for s in b.srcs)
             return ScheduleItem(LazyOp(b.op, (), b.arg), (b,), inputs)

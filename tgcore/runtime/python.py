@@ -86,7 +86,8 @@ class PythonCompiler(Compiler):
 
 
 def _np_type(dt: DType) -> type:
-    return np.float32 if dt.scalar() == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
+    base = dt.base if isinstance(dt, PtrDType) else dt
+    return np.float32 if base == dtypes.bfloat16 else base.np  # type: ignore[return-value]
 
 
 class PythonProgram:
@@ -118,9 +119,10 @@ class PythonProgram:
             if op is UOps.DEFINE_GLOBAL:
                 assert dt is not None
                 raw = bufs[arg[0]]
-                values[pc] = np.frombuffer(raw, dtype=_np_type(dt)) if len(raw) else np.zeros(0, _np_type(dt))
-                if dt.scalar() == dtypes.bfloat16:
+                if isinstance(dt, PtrDType) and dt.base == dtypes.bfloat16:
                     values[pc] = _BF16View(raw)
+                else:
+                    values[pc] = np.frombuffer(raw, dtype=_np_type(dt)) if len(raw) else np.zeros(0, _np_type(dt))
             elif op is UOps.DEFINE_VAR:
                 values[pc] = np.int32(next(var_iter))
             elif op is UOps.CONST:

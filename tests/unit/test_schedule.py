@@ -1,0 +1,200 @@
+"""The scheduler's fusion: how many kernels a graph becomes, and that fusing never changes the result."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tgcore import GlobalCounters, Tensor, dtypes
+from tgcore.ops import BufferOps, LoadOps
+
+
+def data(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-2, 2, size=shape).astype(np.float32)
+
+
+def kernels(t: Tensor) -> tuple[np.ndarray, int]:
+    """Realize `t` and return its value and how many kernels that ran."""
+    GlobalCounters.reset()
+    t.realize()
+    count = GlobalCounters.kernel_count
+    return t.numpy(), count
+
+
+def store_items(t: Tensor) -> int:
+    return sum(1 for si in t.schedule() if si.ast.op is BufferOps.STORE)
+
+
+def test_five_elementwise_ops_are_one_kernel() -> None:
+    a_np, b_np = data(3, 5), data(3, 5, seed=1)
+    a, b = Tensor(a_np), Tensor(b_np)
+    out = ((a + b) * 2.0 - a).relu().sqrt()
+    assert len(out.schedule()) == 1
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, np.sqrt(np.maximum((a_np + b_np) * 2 - a_np, 0)), rtol=1e-6)
+
+
+def test_elementwise_chain_through_views_is_one_kernel() -> None:
+    a_np = data(4, 6)
+    a = Tensor(a_np)
+    out = ((a * 3).permute(1, 0).reshape(2, 12) + 1).exp().flip(0)
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, np.exp((a_np * 3).T.reshape(2, 12) + 1)[::-1], rtol=1e-5)
+
+
+def test_elementwise_into_reduce_is_one_kernel() -> None:
+    a_np, b_np = data(5, 7), data(5, 7, seed=1)
+    a, b = Tensor(a_np), Tensor(b_np)
+    out = (a * b + 1).exp().sum(axis=1, keepdim=True)
+    assert len(out.schedule()) == 1
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, np.exp(a_np * b_np + 1).sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_full_reduce_of_elementwise_is_one_kernel() -> None:
+    a_np = data(3, 4, 5)
+    out = (Tensor(a_np) * 2).max(axis=(0, 2), keepdim=True)
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, (a_np * 2).max(axis=(0, 2), keepdims=True))
+
+
+def test_reduce_read_through_expand_is_two_kernels() -> None:
+    a_np = data(4, 6)
+    a = Tensor(a_np)
+    out = a - a.sum(axis=1, keepdim=True)
+    assert len(out.schedule()) == 2
+    got, n = kernels(out)
+    assert n == 2
+    np.testing.assert_allclose(got, a_np - a_np.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_then_elementwise_same_shape_is_one_kernel() -> None:
+    a_np = np.abs(data(4, 6))
+    out = (Tensor(a_np).sum(axis=1, keepdim=True) * 2 + 1).sqrt()
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, np.sqrt(a_np.sum(axis=1, keepdims=True) * 2 + 1), rtol=1e-5)
+
+
+def test_two_reduces_of_one_input() -> None:
+    a_np = data(3, 8)
+    a = Tensor(a_np)
+    out = a.softmax(-1)
+    got, n = kernels(out)
+    assert n <= 3
+    e = np.exp(a_np - a_np.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_realized_inputs_are_not_recomputed() -> None:
+    a_np = data(3, 4)
+    a = Tensor(a_np)
+    mid = (a * 2 + 1).exp()
+    _, n1 = kernels(mid)
+    assert n1 == 1 and mid.lazydata.is_realized
+    assert mid.schedule() == []
+    out = mid - 3
+    assert len(out.schedule()) == 1
+    got, n2 = kernels(out)
+    assert n2 == 1
+    np.testing.assert_allclose(got, np.exp(a_np * 2 + 1) - 3, rtol=1e-5)
+    GlobalCounters.reset()
+    mid.realize()
+    out.realize()
+    np.testing.assert_allclose(mid.numpy(), np.exp(a_np * 2 + 1), rtol=1e-5)
+    assert GlobalCounters.kernel_count == 0
+
+
+def test_from_numpy_needs_no_kernel() -> None:
+    t = Tensor(data(2, 3))
+    assert t.schedule() == []
+    _, n = kernels(t)
+    assert n == 0
+
+
+def test_shared_subexpression_two_outputs() -> None:
+    a_np = data(6)
+    a = Tensor(a_np)
+    shared = a.exp()
+    x, y = shared + 1, shared * 2
+    GlobalCounters.reset()
+    x.realize(y)
+    assert GlobalCounters.kernel_count <= 3
+    np.testing.assert_allclose(x.numpy(), np.exp(a_np) + 1, rtol=1e-6)
+    np.testing.assert_allclose(y.numpy(), np.exp(a_np) * 2, rtol=1e-6)
+
+
+def test_contiguous_makes_a_kernel_boundary() -> None:
+    a_np = data(3, 4)
+    out = (Tensor(a_np) + 1).contiguous() * 2
+    items = out.schedule()
+    assert len(items) == 2 and all(si.ast.op is BufferOps.STORE for si in items)
+    got, n = kernels(out)
+    assert n == 2
+    np.testing.assert_allclose(got, (a_np + 1) * 2, rtol=1e-6)
+
+
+# ***** pad: the padding is zero whatever op was fused under it *****
+
+@pytest.mark.parametrize("fn,np_fn", [
+    (lambda t: t.exp(), np.exp),
+    (lambda t: t.log(), lambda x: np.log(x)),
+    (lambda t: 1.0 / t, lambda x: 1.0 / x),
+    (lambda t: t + 1, lambda x: x + 1),
+    (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x))),
+    (lambda t: (t == t).cast(dtypes.float32), lambda x: np.ones_like(x)),
+    (lambda t: t.cos(), np.cos),
+], ids=["exp", "log", "reciprocal", "add1", "sigmoid", "eq", "cos"])
+def test_pad_of_unsafe_op_is_zero(fn, np_fn) -> None:
+    a_np = np.abs(data(3, 4)) + 0.5
+    out = fn(Tensor(a_np)).pad(((1, 2), (2, 0)))
+    expect = np.pad(np_fn(a_np), ((1, 2), (2, 0)))
+    np.testing.assert_allclose(out.numpy(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_pad_of_exp_fused_further() -> None:
+    a_np = data(5)
+    out = Tensor(a_np).exp().pad(((2, 1),)) + 1
+    np.testing.assert_allclose(out.numpy(), np.pad(np.exp(a_np), (2, 1)) + 1, rtol=1e-6)
+    out2 = Tensor(a_np).exp().pad(((1, 1),)).sum()
+    np.testing.assert_allclose(out2.numpy(), np.exp(a_np).sum(), rtol=1e-5)
+
+
+def test_pad_of_const_exp() -> None:
+    out = Tensor.zeros(3).exp().pad(((1, 1),))
+    np.testing.assert_array_equal(out.numpy(), [0, 1, 1, 1, 0])
+    out2 = Tensor.full((2,), 2.0).log().pad(((0, 2),))
+    np.testing.assert_allclose(out2.numpy(), [np.log(2), np.log(2), 0, 0], rtol=1e-6)
+
+
+def test_pad_of_safe_op_stays_fused() -> None:
+    a_np = data(3, 3)
+    out = (Tensor(a_np) * 2 - 1).pad(((1, 1), (1, 1)))
+    got, n = kernels(out)
+    assert n == 1
+    np.testing.assert_allclose(got, np.pad(a_np * 2 - 1, 1), rtol=1e-6)
+
+
+def test_pad_of_exp_result_correct_count() -> None:
+    a_np = data(4)
+    out = Tensor(a_np).exp().pad(((1, 1),))
+    got, n = kernels(out)
+    assert 1 <= n <= 2
+    np.testing.assert_allclose(got, np.pad(np.exp(a_np), 1), rtol=1e-6)
+
+
+def test_schedule_items_are_kernels_or_loadops() -> None:
+    a = Tensor(data(2, 2))
+    for si in (a.exp().sum() + Tensor.empty(1).reshape(())).schedule():
+        assert si.ast.op is BufferOps.STORE or si.ast.op in LoadOps
+
+
+def test_contiguous_of_a_view_is_a_kernel() -> None:
+    a_np = data(3, 4)
+    out = (Tensor(a_np) + 1).permute(1, 0).contiguous() * 2
+    got, n = kernels(out)
+    assert n == 2
+    np.testing.assert_allclose(got, (a_np + 1).T * 2, rtol=1e-6)
