@@ -7,7 +7,6 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 from __future__ import annotations
 
 import math
-
 from typing import Any, Optional, Union
 
 import numpy as np

@@ -93,7 +93,8 @@ class Tensor:
         self.lazydata = lb
 
     def __repr__(self) -> str:
-        return f"<Tensor {self.lazydata!r} on {self.device} with grad {self.grad.lazydata if self.grad is not None else None!r}>"
+        grad = self.grad.lazydata if self.grad is not None else None
+        return f"<Tensor {self.lazydata!r} on {self.device} with grad {grad!r}>"
 
     def __hash__(self) -> int:
         return id(self)

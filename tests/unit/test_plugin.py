@@ -193,7 +193,8 @@ def test_environment_controls(monkeypatch, env, expected):
 
 def test_discovery_is_lazy():
     code = (
-        "import tgcore, tgcore.plugin as p; assert not p.plugins.loaded; tgcore.Device[\"PYTHON\"]; assert p.plugins.loaded"
+        "import tgcore, tgcore.plugin as p; assert not p.plugins.loaded; "
+        "tgcore.Device['PYTHON']; assert p.plugins.loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
