@@ -40,7 +40,8 @@ class Compiler:
 
     def compile_cached(self, src: str) -> bytes:
         """compile(src), remembered in memory and (when cachekey is set) in the sqlite disk cache."""
-        if (lib := self._memory_cache.get(src)) is not None:
+        key = (self.cachekey or f"{type(self).__module__}.{type(self).__qualname__}", src)
+        if (lib := _compiled.get(key)) is not None:
             return lib
         if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
             lib = diskcache_get(self.cachekey, src)
@@ -48,14 +49,12 @@ class Compiler:
             lib = self.compile(src)
             if self.cachekey is not None:
                 diskcache_put(self.cachekey, src, lib)
-        self._memory_cache[src] = lib
+        _compiled[key] = lib
         return lib
 
-    @property
-    def _memory_cache(self) -> dict[str, bytes]:
-        if "_cache" not in self.__dict__:
-            self.__dict__["_cache"] = {}
-        return self.__dict__["_cache"]
+
+# compiled programs of this process, by (compiler cachekey, source)
+_compiled: dict[tuple[str, str], bytes] = {}
 
 
 class Allocator:
