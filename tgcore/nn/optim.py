@@ -1,45 +1,152 @@
-"""Optimizers: they update parameters in place (Tensor.assign) from their .grad."""
+"""Optimizers: each `step()` updates its parameters in place (Tensor.assign) from their `.grad`.
+
+The update rules and defaults are those of tinygrad 0.9.0: SGD is LARS without the trust ratio, and
+Adam / AdamW are LAMB without it.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Union
 
-from tgcore.helpers import dedup
+from tgcore.dtype import dtypes, least_upper_dtype
+from tgcore.helpers import dedup, flatten, getenv
 from tgcore.tensor import Tensor
+
+__all__ = ["Optimizer", "OptimizerGroup", "LARS", "SGD", "LAMB", "Adam", "AdamW"]
 
 
 class Optimizer:
-    """Holds the parameters that require grad; `step()` updates them, `zero_grad()` clears their grads."""
+    """Base class: holds the parameters to train (`params`), the tensors to keep realized (`buffers`) and `lr`."""
 
     def __init__(self, params: Sequence[Tensor], lr: float) -> None:
+        # a tensor that has not said whether it wants a gradient does, once it is handed to an optimizer
         for p in params:
             if p.requires_grad is None:
                 p.requires_grad = True
         self.params: list[Tensor] = dedup([p for p in params if p.requires_grad])
         if not self.params:
-            raise ValueError("the optimizer got no parameters that require grad")
+            raise ValueError(
+                "the optimizer got no parameters that require grad: pass the model's tensors "
+                "(e.g. tgcore.nn.state.get_parameters(model))"
+            )
+        self.device = self.params[0].device
+        # tensors that are not trained (e.g. BatchNorm running statistics) but are realized with every step
         self.buffers: list[Tensor] = dedup([p for p in params if not p.requires_grad])
-        self.lr = Tensor([lr], requires_grad=False, device=self.params[0].device).contiguous()
+        # lr is a tensor so that a schedule can change it without recompiling; kept in at least float32
+        lr_dtype = least_upper_dtype(dtypes.default_float, dtypes.float32)
+        self.lr = Tensor(lr if getenv("CONST_LR") else [lr], requires_grad=False, device=self.device, dtype=lr_dtype)
 
     def zero_grad(self) -> None:
+        """Forget the gradients of every parameter."""
         for p in self.params:
             p.grad = None
 
     def step(self) -> None:
+        """Update every parameter from its gradient, now."""
         Tensor.realize(*self.schedule_step())
 
     def schedule_step(self) -> list[Tensor]:
+        """The tensors to realize to perform one step (the updated parameters, buffers and optimizer state)."""
+        if not Tensor.training:
+            raise RuntimeError(
+                "Tensor.training is False: an optimizer step needs training mode. "
+                "Set Tensor.training = True (or use `with Tensor.train():`) before calling step()."
+            )
         for p in self.params:
             if p.grad is None:
-                raise RuntimeError(f"parameter of shape {p.shape} has no gradient: call backward() before step()")
+                raise RuntimeError(
+                    f"a parameter of shape {p.shape} has no gradient: call backward() on a loss that depends on it "
+                    "before step(), or leave it out of the optimizer"
+                )
         return self._step() + self.params + self.buffers
 
     def _step(self) -> list[Tensor]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _step()")
+
+    def _lr_for(self, p: Tensor) -> Tensor:
+        """lr shaped to broadcast with `p` without growing it (lr has shape (1,), which would turn a 0-d p into 1-d)."""
+        return self.lr.reshape(()) if p.ndim == 0 and self.lr.ndim == 1 else self.lr
 
 
-class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay."""
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (e.g. a different optimizer for the biases)."""
+
+    def __init__(self, *optimizers: Optimizer) -> None:  # no super().__init__: the members hold lr and state
+        self.optimizers = optimizers
+        self.params = flatten([o.params for o in optimizers])
+        self.buffers = flatten([o.buffers for o in optimizers])
+
+    def __getitem__(self, i: int) -> Optimizer:
+        return self.optimizers[i]
+
+    def zero_grad(self) -> None:
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def _step(self) -> list[Tensor]:
+        return [t for o in self.optimizers for t in o._step()]
+
+
+class LARS(Optimizer):
+    """Layer-wise Adaptive Rate Scaling (You et al. 2017): SGD whose step is scaled per tensor by a trust ratio.
+
+    With `classic=True` the learning rate is applied before the momentum buffer, otherwise after it.
+    `tcoef=0` turns the trust ratio off (plain SGD).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float = 0.001,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-4,
+        nesterov: bool = False,
+        classic: bool = True,
+        tcoef: float = 0.001,
+    ) -> None:
+        super().__init__(params, lr)
+        self.momentum, self.wd, self.nesterov, self.classic, self.tcoef = (
+            momentum,
+            weight_decay,
+            nesterov,
+            classic,
+            tcoef,
+        )
+        self.b: list[Tensor] = (
+            [Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device, requires_grad=False) for p in self.params]
+            if momentum
+            else []
+        )
+
+    def _step(self) -> list[Tensor]:
+        for i, p in enumerate(self.params):
+            assert p.grad is not None  # checked in schedule_step
+            g = p.grad.contiguous()
+            trust: Union[Tensor, float] = 1.0
+            if self.tcoef != 0:
+                weight_norm = p.detach().square().sum().sqrt()
+                grad_norm = g.square().sum().sqrt()
+                ratio = self.tcoef * weight_norm / (grad_norm + self.wd * weight_norm)
+                trust = (weight_norm > 0).where((grad_norm > 0).where(ratio, 1.0), 1.0)
+            g = g + self.wd * p.detach()
+            lr = self._lr_for(p)
+            if self.classic:
+                g = g * trust * lr
+            if self.momentum:
+                # the buffer starts at zero, so the first step needs no special case
+                self.b[i].assign((self.momentum * self.b[i] + g).cast(self.b[i].dtype))
+                g = (g + self.momentum * self.b[i]) if self.nesterov else self.b[i]
+            if not self.classic:
+                g = g * trust * lr
+            p.assign((p.detach() - g).cast(p.dtype))
+        return self.b
+
+
+class SGD(LARS):
+    """Stochastic gradient descent with optional momentum (classic or the common form), Nesterov and weight decay.
+
+    The update (classic=False): b = momentum * b + (g + wd * p); p -= lr * (nesterov ? g + wd * p + momentum * b : b).
+    """
 
     def __init__(
         self,
@@ -48,28 +155,65 @@ class SGD(Optimizer):
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
+        classic: bool = False,
+    ) -> None:
+        super().__init__(params, lr, momentum, weight_decay, nesterov, classic, tcoef=0.0)
+
+
+class LAMB(Optimizer):
+    """LAMB (You et al. 2019): Adam whose step is scaled per tensor by ||p|| / ||update||; `adam=True` drops the scale.
+
+    Moments are kept in float32 whatever the parameters' dtype.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        lr: float = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam: bool = False,
     ) -> None:
         super().__init__(params, lr)
-        self.momentum, self.wd, self.nesterov = momentum, weight_decay, nesterov
-        self.b = (
-            [Tensor.zeros(*p.shape, device=p.device, requires_grad=False).contiguous() for p in self.params]
-            if momentum
-            else []
+        self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
+        # b1**t and b2**t, for the bias correction
+        self.b1_t, self.b2_t = (
+            Tensor([1], dtype=dtypes.float32, device=self.device, requires_grad=False).realize() for _ in range(2)
         )
+        self.m = [
+            Tensor.zeros(*p.shape, dtype=dtypes.float32, device=p.device, requires_grad=False).contiguous()
+            for p in self.params
+        ]
+        self.v = [
+            Tensor.zeros(*p.shape, dtype=dtypes.float32, device=p.device, requires_grad=False).contiguous()
+            for p in self.params
+        ]
 
     def _step(self) -> list[Tensor]:
+        self.b1_t.assign(self.b1_t * self.b1)
+        self.b2_t.assign(self.b2_t * self.b2)
         for i, p in enumerate(self.params):
-            assert p.grad is not None
-            g = p.grad + self.wd * p.detach()
-            if self.momentum:
-                self.b[i].assign(self.momentum * self.b[i] + g)
-                g = (g + self.momentum * self.b[i]) if self.nesterov else self.b[i]
-            p.assign(p.detach() - g * self.lr)
-        return self.b
+            assert p.grad is not None  # checked in schedule_step
+            g = p.grad
+            self.m[i].assign((self.b1 * self.m[i] + (1.0 - self.b1) * g).cast(dtypes.float32))
+            self.v[i].assign((self.b2 * self.v[i] + (1.0 - self.b2) * (g * g)).cast(dtypes.float32))
+            b1_t, b2_t = (self.b1_t.reshape(()), self.b2_t.reshape(())) if p.ndim == 0 else (self.b1_t, self.b2_t)
+            m_hat = self.m[i] / (1.0 - b1_t)
+            v_hat = self.v[i] / (1.0 - b2_t)
+            update = (m_hat / (v_hat.sqrt() + self.eps)) + self.wd * p.detach()
+            trust: Union[Tensor, float] = 1.0
+            if not self.adam:
+                weight_norm = p.detach().square().sum().sqrt()
+                update_norm = update.square().sum().sqrt()
+                trust = (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
+            p.assign((p.detach() - self._lr_for(p) * trust * update).cast(p.dtype))
+        return [self.b1_t, self.b2_t] + self.m + self.v
 
 
-class Adam(Optimizer):
-    """Adam (Kingma & Ba), with decoupled weight decay when used as AdamW."""
+class AdamW(LAMB):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)."""
 
     def __init__(
         self,
@@ -78,38 +222,15 @@ class Adam(Optimizer):
         b1: float = 0.9,
         b2: float = 0.999,
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        weight_decay: float = 0.01,
     ) -> None:
-        super().__init__(params, lr)
-        self.b1, self.b2, self.eps, self.wd = b1, b2, eps, weight_decay
-        dev = self.params[0].device
-        self.b1_t = Tensor([1.0], device=dev, requires_grad=False).contiguous()
-        self.b2_t = Tensor([1.0], device=dev, requires_grad=False).contiguous()
-        self.m = [Tensor.zeros(*p.shape, device=p.device, requires_grad=False).contiguous() for p in self.params]
-        self.v = [Tensor.zeros(*p.shape, device=p.device, requires_grad=False).contiguous() for p in self.params]
-
-    def _step(self) -> list[Tensor]:
-        self.b1_t.assign(self.b1_t * self.b1)
-        self.b2_t.assign(self.b2_t * self.b2)
-        for i, p in enumerate(self.params):
-            assert p.grad is not None
-            g = p.grad
-            self.m[i].assign(self.b1 * self.m[i] + (1.0 - self.b1) * g)
-            self.v[i].assign(self.b2 * self.v[i] + (1.0 - self.b2) * (g * g))
-            m_hat = self.m[i] / (1.0 - self.b1_t)
-            v_hat = self.v[i] / (1.0 - self.b2_t)
-            update = m_hat / (v_hat.sqrt() + self.eps) + self.wd * p.detach()
-            p.assign(p.detach() - self.lr * update)
-        return [self.b1_t, self.b2_t] + self.m + self.v
+        super().__init__(params, lr, b1, b2, eps, weight_decay, adam=True)
 
 
-def AdamW(
-    params: Sequence[Tensor],
-    lr: float = 0.001,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
-) -> Adam:
-    """Adam with decoupled weight decay."""
-    return Adam(params, lr, b1, b2, eps, weight_decay)
+class Adam(LAMB):
+    """Adam (Kingma & Ba 2014): p -= lr * m_hat / (sqrt(v_hat) + eps), with bias-corrected moments."""
+
+    def __init__(
+        self, params: Sequence[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+    ) -> None:
+        super().__init__(params, lr, b1, b2, eps, 0.0, adam=True)
