@@ -135,9 +135,10 @@ class Linearizer:
             for i, s in enumerate(k.full_shape)
         ]
         self._open_globals(global_axes)
-        self.ast_cache: dict[LazyOp, UOp] = {}
+        # lowered AST nodes, one dict per open reduce loop (a value computed inside a loop is not valid after it)
+        self.ast_caches: list[dict[LazyOp, UOp]] = [{}]
         store = k.ast
-        value = self.lower(store.src[0], reduce_open=False)
+        value = self.lower(store.src[0])
         out_idx, _ = self.index(store)
         self.uop(UOps.STORE, None, (self.buffers[0], out_idx, value), cse=False)
         for r in reversed(self.ranges):
@@ -192,16 +193,15 @@ class Linearizer:
         valid_node = None if isinstance(valid, NumNode) and int(valid.b) == 1 else valid
         return self.node(idx), valid_node
 
-    def lower(self, op: LazyOp, reduce_open: bool) -> UOp:
-        """The uop computing AST node `op` at the current position."""
-        if op in self.ast_cache and not reduce_open:
-            return self.ast_cache[op]
-        out = self._lower(op, reduce_open)
-        if not reduce_open:
-            self.ast_cache[op] = out
+    def lower(self, op: LazyOp) -> UOp:
+        """The uop computing AST node `op` at the current position (each shared node is lowered once per scope)."""
+        for cache in reversed(self.ast_caches):
+            if op in cache:
+                return cache[op]
+        out = self.ast_caches[-1][op] = self._lower(op)
         return out
 
-    def _lower(self, op: LazyOp, reduce_open: bool) -> UOp:
+    def _lower(self, op: LazyOp) -> UOp:
         if op.op in ReduceOps:
             return self.reduce(op)
         if op.op is BufferOps.CONST:
@@ -224,7 +224,7 @@ class Linearizer:
             if isinstance(valid, NumNode):
                 return self.const(0, dt)
             return self.uop(UOps.LOAD, dt, (buf, idx, self.node(valid), self.const(0, dt)))
-        srcs = tuple(self.lower(s, reduce_open) for s in op.src)
+        srcs = tuple(self.lower(s) for s in op.src)
         if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
             return self.uop(UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST, op.arg, srcs)
         return self.alu(op.op, dtype_of(op), *srcs)
@@ -240,7 +240,9 @@ class Linearizer:
             r = self.open_range(self.const(0, dtypes.int32), self.node(k.full_shape[a]), a, True)
             self.index_vars[self.axis_vars[a]] = r
             loops.append(r)
-        val = self.lower(op.src[0], reduce_open=True)
+        self.ast_caches.append({})
+        val = self.lower(op.src[0])
+        self.ast_caches.pop()
         self.uop(UOps.PHI, dt, (acc, self.alu(_REDUCE_ALU[op.op], dt, acc, val)), cse=False)
         for r in reversed(loops):
             self.close_range(r)
