@@ -115,13 +115,7 @@ class LazyOp:
         return self._hash  # type: ignore[attr-defined]
 
     def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        return (
-            isinstance(other, LazyOp)
-            and self._hash == other._hash
-            and (self.op, self.src, self.arg) == (other.op, other.src, other.arg)
-        )
+        return self is other or (isinstance(other, LazyOp) and _same_ast(self, other, set()))
 
     def lazyops(self) -> list[LazyOp]:
         """Every node of this AST, each once, parents before children."""
@@ -135,6 +129,18 @@ class LazyOp:
 
         visit(self)
         return list(seen)
+
+
+def _same_ast(a: LazyOp, b: LazyOp, same: set[tuple[int, int]]) -> bool:
+    """Structural equality of two ASTs; pairs already found equal are remembered, so shared subtrees cost once."""
+    if a is b or (id(a), id(b)) in same:
+        return True
+    if a._hash != b._hash or a.op != b.op or a.arg != b.arg or len(a.src) != len(b.src):  # type: ignore[attr-defined]
+        return False
+    if not all(_same_ast(x, y, same) for x, y in zip(a.src, b.src)):
+        return False
+    same.add((id(a), id(b)))
+    return True
 
 
 # ***** reference semantics, on numpy arrays *****
@@ -184,6 +190,8 @@ def _shift(a: np.ndarray, b: np.ndarray, left: bool) -> np.ndarray:
 
 def exec_alu(op: Op, dtype: DType, operands: list[np.ndarray]) -> np.ndarray:
     """The result of ALU `op` on numpy `operands`, as an array of `dtype` (the op's result dtype)."""
+    if op is TernaryOps.MULACC:  # a*b rounds to the dtype before c is added, as two separate ops would
+        return exec_alu(BinaryOps.ADD, dtype, [exec_alu(BinaryOps.MUL, dtype, operands[:2]), operands[2]])
     with np.errstate(all="ignore"):
         out = _ALU[op](*operands) if op in _ALU else _exec_special(op, dtype, operands)
     out = np.asarray(out).astype(_np(dtype), copy=False)
@@ -222,5 +230,4 @@ _ALU: dict[Op, Callable[..., np.ndarray]] = {
     BinaryOps.AND: np.bitwise_and,
     BinaryOps.OR: np.bitwise_or,
     TernaryOps.WHERE: lambda c, a, b: np.where(c, a, b),
-    TernaryOps.MULACC: lambda a, b, c: a * b + c,
 }

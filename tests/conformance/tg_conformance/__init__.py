@@ -1,0 +1,4 @@
+"""tg-conformance: the suite every tgcore device plugin must pass. Run `tg-conformance --device NAME`, or
+`python -m pytest --pyargs tg_conformance --device NAME`."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The conformance tests, one module per level."""

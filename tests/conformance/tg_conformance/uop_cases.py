@@ -1,0 +1,209 @@
+"""The level-3 cases: each builder makes one hand-written uop kernel, its inputs and the check of its outputs.
+
+Builders are pure functions of (target, rng, parameters), so the suite can build every kernel of a run up front
+and compile them on worker threads (see `compile_ahead`) while the tests run one by one.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from tg_conformance import reference as ref
+from tg_conformance.checks import assert_array, assert_lanes
+from tg_conformance.kernels import Kernel, KernelBuilder, alu_kernel, compile_pool, convert_kernel, execute, kernel_name
+from tg_conformance.target import COMPILE, RUN, Target
+from tgcore.codegen.uops import UOps
+from tgcore.dtype import DType, dtypes
+from tgcore.ops import BinaryOps, TernaryOps
+
+
+@dataclass
+class Case:
+    """A kernel to run, what to feed it, the dtypes the device must claim, and how to check what comes back."""
+
+    kernel: Kernel
+    inputs: dict[int, np.ndarray]
+    requires: tuple[DType, ...]
+    check: Callable[[list[np.ndarray]], None]
+    what: str
+    vals: tuple[int, ...] = ()
+
+
+def run_case(target: Target, case: Case) -> None:
+    """Skip unless the device claims the case's dtypes; render (compile, run and check) as the mode allows."""
+    target.require(*case.requires)
+    out = execute(target, case.kernel, case.inputs, case.vals, what=case.what)
+    if out is not None:
+        case.check(out)
+
+
+def alu(target: Target, rng: np.random.Generator, op: Any, dtype: DType) -> Case:
+    """out[i] = op(in1[i], ...) over edge cases crossed with each other, plus random lanes."""
+    cols = ref.alu_inputs(op, dtype, rng)
+    operand_dts = ref.operand_dtypes(op, dtype)
+
+    def check(out: list[np.ndarray]) -> None:
+        tolerance = target.tolerance(dtype) if op in ref.TRANSCENDENTAL else None
+        # MAX of 0.0 and -0.0 may give either zero
+        zero_free = (cols[0] == 0) & (cols[1] == 0) if op is BinaryOps.MAX and dtypes.is_float(dtype) else None
+        assert_lanes(f"ALU {op.name} on {dtype.short_name}", target.name, op.name, list(zip(cols, operand_dts)),
+                     out[0], ref.alu_reference(op, dtype, cols), ref.result_dtype(op, dtype), "repro_alu",
+                     (op.name, dtype.short_name), tolerance=tolerance, zero_sign_free=zero_free)
+
+    return Case(alu_kernel(target, op, dtype, len(cols[0])), {i + 1: c for i, c in enumerate(cols)},
+                (dtype, *operand_dts), check, f"ALU {op.name} on {dtype.short_name}")
+
+
+def convert(target: Target, rng: np.random.Generator, uop: UOps, dtype: DType, dst: DType) -> Case:
+    """out[i] = CAST or BITCAST of in[i] to `dst`."""
+    if uop is UOps.CAST:
+        x = ref.cast_inputs(dtype, dst, rng)
+    else:
+        x = np.concatenate([ref.edge_values(dtype), ref.random_values(dtype, 48, rng)])
+    what = f"{uop.name} {dtype.short_name} -> {dst.short_name}"
+
+    def check(out: list[np.ndarray]) -> None:
+        exp = ref.cast_reference(x, dtype, dst) if uop is UOps.CAST else ref.bitcast_reference(x, dtype, dst)
+        assert_lanes(what, target.name, f"{uop.name}[{dst.short_name}]", [(x, dtype)], out[0], exp, dst,
+                     "repro_convert", (uop.name, dtype.short_name, dst.short_name))
+
+    return Case(convert_kernel(target, uop, dtype, dst, len(x)), {1: x}, (dtype, dst), check, what)
+
+
+def _some_values(dt: DType, n: int, rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([ref.edge_values(dt), ref.random_values(dt, n, rng)])[:n]
+
+
+def load_gated(target: Target, rng: np.random.Generator, dtype: DType) -> Case:
+    """out[i] = i < m ? in[i] : alt, with `in` only m long: the gate must keep the load in bounds."""
+    n, m = 24, 11
+    alt = ref.make_array([True if dtype == dtypes.bool else 42], dtype)[0]
+    b = KernelBuilder(target.renderer, kernel_name("load_gated", dtype.short_name))
+    out, src = b.buffer(dtype, n, writable=True), b.buffer(dtype, m)
+    bound, alt_u = b.const(m, dtypes.int32), b.const(alt.item(), dtype)
+    i = b.global_index(n)
+    b.store(out, i, b.load(src, i, b.alu(BinaryOps.CMPLT, dtypes.bool, i, bound), alt_u))
+    x = _some_values(dtype, m, rng)
+
+    def check(res: list[np.ndarray]) -> None:
+        exp = np.concatenate([x, np.full(n - m, alt, dtype=x.dtype)])
+        assert_array(f"gated LOAD (alt {ref.fmt(alt, dtype)}) of {dtype.short_name}", target.name,
+                     ref.bits_of(res[0], dtype), ref.bits_of(exp, dtype), inputs=[("in", x)])
+
+    return Case(b.finish(), {1: x}, (dtype,), check, f"gated LOAD of {dtype.short_name}")
+
+
+def store_gated(target: Target, rng: np.random.Generator, dtype: DType) -> Case:
+    """if (i % 3 == 1) out[i] = in[i]: the other lanes of out keep what they held."""
+    n = 31
+    b = KernelBuilder(target.renderer, kernel_name("store_gated", dtype.short_name))
+    out, src = b.buffer(dtype, n, writable=True), b.buffer(dtype, n)
+    three, one = b.const(3, dtypes.int32), b.const(1, dtypes.int32)
+    i = b.global_index(n)
+    gate = b.alu(BinaryOps.CMPEQ, dtypes.bool, b.alu(BinaryOps.MOD, dtypes.int32, i, three), one)
+    b.store(out, i, b.load(src, i), gate)
+    x, before = _some_values(dtype, n, rng), ref.make_array([1] * n, dtype)
+
+    def check(res: list[np.ndarray]) -> None:
+        exp = np.where(np.arange(n) % 3 == 1, x, before)
+        assert_array(f"gated STORE of {dtype.short_name}", target.name, ref.bits_of(res[0], dtype),
+                     ref.bits_of(exp, dtype), inputs=[("in", x), ("out before", before)])
+
+    return Case(b.finish(), {0: before, 1: x}, (dtype,), check, f"gated STORE of {dtype.short_name}")
+
+
+def reduce_loop(target: Target, rng: np.random.Generator, op: str, dtype: DType) -> Case:
+    """out[i] = reduce over j < r of in[i*r + j], with DEFINE_ACC, a reduce RANGE and PHI (left to right)."""
+    n, r = 9, 13
+    alu_op = BinaryOps.ADD if op == "SUM" else BinaryOps.MAX
+    init = 0 if op == "SUM" else dtypes.min(dtype)
+    b = KernelBuilder(target.renderer, kernel_name("reduce", op, dtype.short_name))
+    out, src = b.buffer(dtype, n, writable=True), b.buffer(dtype, n * r)
+    zero, rows = b.const(0, dtypes.int32), b.const(r, dtypes.int32)
+    i = b.global_index(n)
+    acc = b.add(UOps.DEFINE_ACC, dtype, (), dtypes.as_const(init, dtype))
+    j = b.loop(zero, rows, axis=1, reduce=True)
+    val = b.load(src, b.alu(BinaryOps.ADD, dtypes.int32, b.alu(BinaryOps.MUL, dtypes.int32, i, rows), j))
+    b.add(UOps.PHI, dtype, (acc, b.alu(alu_op, dtype, acc, val)))
+    b.end_loop()
+    b.store(out, i, acc)
+    if dtypes.is_float(dtype):  # quarters: exact in every float dtype, whatever the order; one row gets a NaN
+        x = ref.make_array(rng.integers(-20, 20, n * r) / 4, dtype)
+        x[5] = np.nan
+    else:
+        x = ref.random_values(dtype, n * r, rng)
+
+    def check(res: list[np.ndarray]) -> None:
+        exp = ref.make_array([init] * n, dtype)
+        for col in range(r):
+            exp = ref.alu_reference(alu_op, dtype, [exp, x.reshape(n, r)[:, col]])
+        assert_array(f"{op} reduction loop (DEFINE_ACC/PHI) of {dtype.short_name}", target.name,
+                     ref.bits_of(res[0], dtype), ref.bits_of(exp, dtype), inputs=[("in (rows of 13)", x)])
+
+    return Case(b.finish(), {1: x}, (dtype,), check, f"{op} reduce loop of {dtype.short_name}")
+
+
+def define_var(target: Target, rng: np.random.Generator, count: int) -> Case:
+    """Two DEFINE_VARs, passed by value in order: out[i] = scale * sum over j < count of in[i*8 + j]."""
+    n, m = 5, 8
+    b = KernelBuilder(target.renderer, kernel_name("define_var"))
+    out, src = b.buffer(dtypes.int32, n, writable=True), b.buffer(dtypes.int32, n * m)
+    scale, cnt = b.var("scale", 0, 100), b.var("count", 0, m)
+    zero, width = b.const(0, dtypes.int32), b.const(m, dtypes.int32)
+    i = b.global_index(n)
+    acc = b.add(UOps.DEFINE_ACC, dtypes.int32, (), 0)
+    j = b.loop(zero, cnt, axis=1, reduce=True)
+    val = b.load(src, b.alu(BinaryOps.ADD, dtypes.int32, b.alu(BinaryOps.MUL, dtypes.int32, i, width), j))
+    b.add(UOps.PHI, dtypes.int32, (acc, b.alu(BinaryOps.ADD, dtypes.int32, acc, val)))
+    b.end_loop()
+    b.store(out, i, b.alu(BinaryOps.MUL, dtypes.int32, acc, scale))
+    x = np.arange(n * m, dtype=np.int32)
+
+    def check(res: list[np.ndarray]) -> None:
+        exp = (7 * x.reshape(n, m)[:, :count].sum(axis=1)).astype(np.int32)
+        assert_array(f"DEFINE_VAR kernel (scale=7, count={count})", target.name, res[0], exp, inputs=[("in", x)])
+
+    return Case(b.finish(), {1: x}, (dtypes.int32,), check, f"DEFINE_VAR kernel with count={count}", (7, count))
+
+
+def where_chain(target: Target, rng: np.random.Generator, dtype: DType) -> Case:
+    """A chain as the linearizer emits it: out[i] = (a < b) ? a*b+b : MAX(a, b)*2."""
+    n = 64
+    b = KernelBuilder(target.renderer, kernel_name("where_chain", dtype.short_name))
+    out, ua, ub = b.buffer(dtype, n, writable=True), b.buffer(dtype, n), b.buffer(dtype, n)
+    two = b.const(dtypes.as_const(2, dtype), dtype)
+    i = b.global_index(n)
+    a, c = b.load(ua, i), b.load(ub, i)
+    mac = b.alu(TernaryOps.MULACC, dtype, a, c, c)
+    mx = b.alu(BinaryOps.MUL, dtype, b.alu(BinaryOps.MAX, dtype, a, c), two)
+    b.store(out, i, b.alu(TernaryOps.WHERE, dtype, b.alu(BinaryOps.CMPLT, dtypes.bool, a, c), mac, mx))
+    xa, xb = ref.make_array(rng.integers(-50, 50, n), dtype), ref.make_array(rng.integers(-50, 50, n), dtype)
+
+    def check(res: list[np.ndarray]) -> None:
+        exp = np.where(xa < xb, xa * xb + xb, np.maximum(xa, xb) * 2).astype(xa.dtype)
+        assert_array(f"WHERE(CMPLT, MULACC, MAX*2) on {dtype.short_name}", target.name, res[0], exp,
+                     inputs=[("a", xa), ("b", xb)])
+
+    return Case(b.finish(), {1: xa, 2: xb}, (dtype,), check, f"WHERE chain on {dtype.short_name}")
+
+
+def seeded_rng(test_name: str) -> np.random.Generator:
+    """The generator a test named `test_name` gets from the `rng` fixture."""
+    return np.random.default_rng(zlib.crc32(test_name.encode()))
+
+
+def compile_ahead(target: Target, cases: Iterable[tuple[Callable[..., Case], str, dict[str, Any]]]) -> None:
+    """Build, render and queue for compilation the kernel of every (builder, test name, parameters) given."""
+    if target.mode not in (RUN, COMPILE) or target.compiler is None:
+        return
+    for builder, name, params in cases:
+        try:
+            case: Optional[Case] = builder(target, seeded_rng(name), **params)
+            assert case is not None
+            if all(target.supports(dt) for dt in case.requires):
+                compile_pool.submit(target.compiler, target.renderer.render(case.kernel.name, case.kernel.uops))
+        except Exception:  # the test itself will meet (and report) the problem
+            continue
