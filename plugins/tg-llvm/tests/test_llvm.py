@@ -1,0 +1,334 @@
+"""tg-llvm: the renderer on every op and dtype, the compiler and its errors, the MCJIT runtime, agreement with
+CLANG bit for bit, and tensor ops against numpy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from tg_llvm.compiler import LLVMCompiler
+from tg_llvm.runtime import LLVMProgram, undefined_symbols
+from uop_kernels import (
+    FLOATS,
+    INTS,
+    TRANSCENDENTAL,
+    cast_inputs,
+    edge_values,
+    elementwise_uops,
+    from_buffer,
+    operands,
+    ops_for,
+    reference_bitcast,
+    reference_cast,
+    run_elementwise,
+    same_bits,
+)
+
+from tgcore import Device, GlobalCounters, Tensor, dtypes
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.device import Buffer, CompileError
+from tgcore.dtype import DType, PtrDType
+from tgcore.ops import BinaryOps, TernaryOps, exec_alu
+from tgcore.plugin import ALL_DTYPES
+
+ALL = [dtypes.bool, *INTS, *FLOATS]
+ALU_CASES = [(op, dt) for dt in ALL for op in ops_for(dt)]
+
+
+def _id(case: tuple) -> str:
+    return "-".join(x.short_name if isinstance(x, DType) else x.name for x in case)
+
+
+def clang_or_skip() -> None:
+    pytest.importorskip("tg_clang", reason="tg-clang is not installed: no CLANG to compare with")
+    if (reason := Device.status("CLANG")) is not None:
+        pytest.skip(f"CLANG is unavailable here: {reason}")
+
+
+# ***** the device *****
+
+
+def test_llvm_is_registered_available_and_above_clang():
+    assert Device.status("LLVM") is None
+    spec = Device.specs()["LLVM"]
+    assert spec.priority == 20 and set(spec.dtypes) == set(ALL_DTYPES)
+    assert "LLVM" in Device.available()
+
+
+def test_missing_llvmlite_is_a_clear_unavailable_reason():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["llvmlite"] = None  # import llvmlite now raises ImportError
+        from tgcore import Device
+        print(Device.status("LLVM"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "llvmlite" in out.stdout and "pip install llvmlite" in out.stdout
+
+
+# ***** renderer + compiler + runtime on every ALU op and dtype, against exec_alu *****
+
+
+@pytest.mark.parametrize("op,dt", ALU_CASES, ids=[_id(c) for c in ALU_CASES])
+def test_alu_matches_exec_alu(op, dt):
+    inputs, in_dts, out_dt = operands(op, dt)
+    got = run_elementwise("LLVM", op, inputs, in_dts, out_dt)
+    with np.errstate(all="ignore"):
+        if op is TernaryOps.MULACC and dt == dtypes.bfloat16:
+            # tg-conformance wants it unfused, like every other dtype; exec_alu still rounds bfloat16 a*b+c once
+            # (listed as a core bug in tg_conformance.known_issues)
+            product = exec_alu(BinaryOps.MUL, dt, inputs[:2])
+            want = exec_alu(BinaryOps.ADD, dt, [product, inputs[2]])
+        else:
+            want = exec_alu(op, out_dt, [np.asarray(x) for x in inputs])
+    if op in TRANSCENDENTAL:
+        atol, rtol = Device.specs()["LLVM"].tolerances[dt]
+        np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, equal_nan=True)
+        return
+    # the sign of max(-0.0, 0.0) is not IEEE's to say (numpy's float16 and float32 loops even differ): CLANG's
+    # spelling (a > b || a != a) ? a : b is kept, so both CPU devices agree
+    ok = same_bits(got, want, zero_sign=op is not BinaryOps.MAX)
+    bad = np.flatnonzero(~ok)[:5]
+    assert ok.all(), [(tuple(x[i] for x in inputs), got[i], want[i]) for i in bad]
+
+
+CAST_CASES = [(src, dst) for src in ALL for dst in ALL if src != dst]
+
+
+@pytest.mark.parametrize("src,dst", CAST_CASES, ids=[_id(c) for c in CAST_CASES])
+def test_cast_matches_numpy(src, dst):
+    x = cast_inputs(src, dst)
+    got = run_elementwise("LLVM", None, [x], [src], dst, kind=UOps.CAST)
+    ok = same_bits(got, reference_cast(x, src, dst))
+    assert ok.all(), [(x[i], got[i]) for i in np.flatnonzero(~ok)[:5]]
+
+
+BITCAST_CASES = [(src, dst) for src, dst in CAST_CASES if src.itemsize == dst.itemsize]
+
+
+@pytest.mark.parametrize("src,dst", BITCAST_CASES, ids=[_id(c) for c in BITCAST_CASES])
+def test_bitcast_keeps_the_bits(src, dst):
+    x = edge_values(src)
+    got = run_elementwise("LLVM", None, [x], [src], dst, kind=UOps.BITCAST)
+    assert same_bits(got, reference_bitcast(x, src, dst)).all()
+
+
+def test_float64_to_float16_rounds_once():
+    rng = np.random.default_rng(0)
+    lo = rng.integers(0, 0x7BFF, 4000).astype(np.uint16).view(np.float16)
+    hi = np.nextafter(lo, np.float16(np.inf))
+    mid = (lo.astype(np.float64) + hi.astype(np.float64)) / 2  # exact halfway points: ties go to even
+    x = np.concatenate([mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf), -mid, [65519.99, 65520.0, 1e300]])
+    got = run_elementwise("LLVM", None, [x], [dtypes.float64], dtypes.float16, kind=UOps.CAST)
+    with np.errstate(over="ignore"):
+        assert same_bits(got, x.astype(np.float16)).all()
+
+
+def test_loops_accumulators_variables_and_gates():
+    """out[i] = sum(in[i*m + j] for j < m) for even i, a gated load reading 0 past n: RANGE in RANGE, DEFINE_ACC,
+    PHI, DEFINE_VAR, gated LOAD and STORE, IF/ENDIF."""
+    i32, f32 = dtypes.int32, dtypes.float32
+    out = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(f32), (), (0, "data0", True))
+    inp = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(f32), (), (1, "data1", False))
+    m, n = UOp(UOps.DEFINE_VAR, i32, (), ("m", 1, 10)), UOp(UOps.DEFINE_VAR, i32, (), ("n", 1, 100))
+    zero, one, two, rows = (UOp(UOps.CONST, i32, (), v) for v in (0, 1, 2, 6))
+    fzero, fone = UOp(UOps.CONST, f32, (), 0.0), UOp(UOps.CONST, f32, (), 1.0)
+    i = UOp(UOps.RANGE, i32, (zero, rows), (0, False))
+    acc = UOp(UOps.DEFINE_ACC, f32, (), 0.0)
+    j = UOp(UOps.RANGE, i32, (zero, m), (1, True))
+    idx = UOp(UOps.ALU, i32, (UOp(UOps.ALU, i32, (i, m), BinaryOps.MUL), j), BinaryOps.ADD)
+    inside = UOp(UOps.ALU, dtypes.bool, (idx, n), BinaryOps.CMPLT)
+    load = UOp(UOps.LOAD, f32, (inp, idx, inside, fzero))
+    phi = UOp(UOps.PHI, f32, (acc, UOp(UOps.ALU, f32, (acc, load), BinaryOps.ADD)))
+    end_j = UOp(UOps.ENDRANGE, None, (j,))
+    even = UOp(UOps.ALU, dtypes.bool, (UOp(UOps.ALU, i32, (i, two), BinaryOps.MOD), zero), BinaryOps.CMPEQ)
+    store = UOp(UOps.STORE, None, (out, i, acc, even))
+    gate = UOp(UOps.IF, None, (even,))
+    bump = UOp(UOps.ALU, f32, (UOp(UOps.LOAD, f32, (out, i)), fone), BinaryOps.ADD)
+    uops = [out, inp, m, n, zero, one, two, rows, fzero, fone, i, acc, j, *idx.src[:1], idx, inside, load, phi.src[1]]
+    uops += [phi, end_j, even.src[0], even, store, gate, bump.src[0], bump, UOp(UOps.STORE, None, (out, i, bump))]
+    uops += [UOp(UOps.ENDIF, None, (gate,)), UOp(UOps.ENDRANGE, None, (i,))]
+    data = np.arange(20, dtype=np.float32)
+    bufs = [Buffer("LLVM", 6, f32, initial_value=np.full(6, -1, np.float32).tobytes())]
+    bufs.append(Buffer("LLVM", 20, f32, initial_value=data.tobytes()))
+    dev = Device["LLVM"]
+    prg = dev.runtime("LLVM", "gates", dev.compiler.compile(dev.renderer.render("gates", uops)))
+    prg(*[b._opaque for b in bufs], vals=(4, 18))  # m=4, n=18: row 4 reads past n, as 0
+    padded = np.concatenate([np.where(np.arange(20) < 18, data, 0), np.zeros(4, np.float32)]).reshape(6, 4).sum(1)
+    np.testing.assert_array_equal(from_buffer(bufs[0]), np.where(np.arange(6) % 2 == 0, padded + 1, -1))
+
+
+def test_renderer_has_no_fast_math_and_the_uniform_signature():
+    src = Device["LLVM"].renderer.render("k", _mulacc_uops())
+    assert 'define void @"k"(ptr %bufs, ptr %vals)' in src
+    for flag in (" fast ", " contract ", " reassoc ", "fmuladd", " afn "):
+        assert flag not in src
+
+
+def _mulacc_uops(n: int = 4) -> list[UOp]:
+    return elementwise_uops(TernaryOps.MULACC, [dtypes.float32] * 3, dtypes.float32, n)
+
+
+def test_vector_dtypes_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="vector"):
+        Device["LLVM"].renderer.render("k", [UOp(UOps.CONST, dtypes.float32.vec(4), (), 1.0)])
+
+
+# ***** compiler and runtime *****
+
+
+def test_bad_ir_raises_compile_error_with_llvm_log_and_the_ir():
+    with pytest.raises(CompileError) as info:
+        LLVMCompiler().compile("define void @broken( { this is not IR }")
+    assert "error" in info.value.log and "this is not IR" in info.value.src
+    assert info.value.log.splitlines()[0] in str(info.value)
+
+
+def test_invalid_ir_that_parses_raises_compile_error():
+    with pytest.raises(CompileError, match="i32"):
+        LLVMCompiler().compile("define i32 @k() {\n  ret void\n}\n")
+
+
+def test_nul_in_the_ir_is_a_compile_error_not_a_truncation():
+    src = Device["LLVM"].renderer.render("k", _mulacc_uops()) + "\x00 garbage after a NUL"
+    with pytest.raises(CompileError, match="NUL"):
+        LLVMCompiler().compile(src)
+
+
+@pytest.mark.parametrize("opt", [0, 1, 2, 3])
+def test_every_optimization_level_computes_the_same(opt):
+    rng = np.random.default_rng(opt)
+    a, b, c = (rng.standard_normal(37).astype(np.float32) for _ in range(3))
+    dev = Device["LLVM"]
+    src = dev.renderer.render("mulacc", _mulacc_uops(37))
+    prg = LLVMProgram("LLVM", "mulacc", LLVMCompiler(opt=opt).compile(src))
+    out = Buffer("LLVM", 37, dtypes.float32).allocate()
+    ins = [Buffer("LLVM", 37, dtypes.float32, initial_value=x.tobytes()) for x in (a, b, c)]
+    prg(out._opaque, *[x._opaque for x in ins])
+    assert same_bits(from_buffer(out), a * b + c).all()  # two roundings: no fused multiply-add at any level
+
+
+def test_optimization_level_from_the_environment():
+    assert LLVMCompiler(opt=1).cachekey.endswith("_O1")
+    env = {**os.environ, "LLVMOPT": "7"}
+    code = "from tg_llvm.compiler import LLVMCompiler; LLVMCompiler()"
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert err.returncode != 0 and "LLVMOPT" in err.stderr
+
+
+def test_kernels_with_the_same_name_stay_apart():
+    add = run_elementwise("LLVM", BinaryOps.ADD, [np.ones(3), np.ones(3)], [dtypes.float64] * 2, dtypes.float64)
+    mul = run_elementwise("LLVM", BinaryOps.MUL, [np.ones(3), np.ones(3)], [dtypes.float64] * 2, dtypes.float64)
+    np.testing.assert_array_equal(add, [2, 2, 2])
+    np.testing.assert_array_equal(mul, [1, 1, 1])
+
+
+def test_a_missing_symbol_is_an_error_not_a_crash():
+    lib = LLVMCompiler().compile(
+        'declare void @tg_no_such_function()\ndefine void @"k"(ptr %b, ptr %v) {\n'
+        "  call void @tg_no_such_function()\n  ret void\n}\n"
+    )
+    assert "tg_no_such_function" in undefined_symbols(lib)
+    with pytest.raises(RuntimeError, match="tg_no_such_function"):
+        LLVMProgram("LLVM", "k", lib)
+
+
+def test_compiled_programs_are_cached():
+    compiler = Device["LLVM"].compiler
+    src = Device["LLVM"].renderer.render("cache_probe", _mulacc_uops())
+    assert compiler.compile_cached(src) is compiler.compile_cached(src)
+
+
+# ***** CLANG and LLVM agree bit for bit where IEEE fixes the result *****
+
+EXACT_CASES = [(op, dt) for op, dt in ALU_CASES if dt != dtypes.bfloat16 and op not in TRANSCENDENTAL]
+
+
+@pytest.mark.parametrize("op,dt", EXACT_CASES, ids=[_id(c) for c in EXACT_CASES])
+def test_clang_and_llvm_agree_bit_for_bit(op, dt):
+    clang_or_skip()
+    inputs, in_dts, out_dt = operands(op, dt)
+    llvm = run_elementwise("LLVM", op, inputs, in_dts, out_dt)
+    clang = run_elementwise("CLANG", op, inputs, in_dts, out_dt)
+    ok = same_bits(llvm, clang)
+    assert ok.all(), [(tuple(x[i] for x in inputs), llvm[i], clang[i]) for i in np.flatnonzero(~ok)[:5]]
+
+
+def test_clang_and_llvm_casts_agree_bit_for_bit():
+    clang_or_skip()
+    for src, dst in CAST_CASES:
+        if dtypes.bfloat16 in (src, dst):
+            continue
+        x = cast_inputs(src, dst)
+        llvm = run_elementwise("LLVM", None, [x], [src], dst, kind=UOps.CAST)
+        clang = run_elementwise("CLANG", None, [x], [src], dst, kind=UOps.CAST)
+        assert same_bits(llvm, clang).all(), (src, dst)
+
+
+# ***** tensor ops against numpy *****
+
+
+def test_elementwise_reduce_matmul_backward_match_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((7, 13)).astype(np.float32), rng.standard_normal((13, 5)).astype(np.float32)
+    ta, tb = Tensor(a, device="LLVM", requires_grad=True), Tensor(b, device="LLVM", requires_grad=True)
+    np.testing.assert_allclose((ta * 2 - 1).exp().numpy(), np.exp(a * 2 - 1), rtol=1e-6)
+    np.testing.assert_allclose(ta.sum(axis=1).numpy(), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ta.max(axis=0).numpy(), a.max(axis=0))
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    loss = (ta @ tb).relu().sum()
+    loss.backward()
+    mask = ((a @ b) > 0).astype(np.float32)
+    np.testing.assert_allclose(ta.grad.numpy(), mask @ b.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tb.grad.numpy(), a.T @ mask, rtol=1e-5, atol=1e-5)
+
+
+def test_chained_elementwise_ops_are_one_kernel():
+    x = Tensor(np.arange(10, dtype=np.float32), device="LLVM").realize()
+    GlobalCounters.reset()
+    out = ((((x + 1) * 2).sqrt() - 3) / 4).numpy()
+    assert GlobalCounters.kernel_count == 1
+    np.testing.assert_allclose(out, (np.sqrt((np.arange(10) + 1) * 2) - 3) / 4, rtol=1e-6)
+
+
+def test_padding_and_movement_match_numpy():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = Tensor(x, device="LLVM")
+    np.testing.assert_array_equal(t.pad(((1, 0), None, (2, 1))).numpy(), np.pad(x, ((1, 0), (0, 0), (2, 1))))
+    np.testing.assert_array_equal(t.permute(2, 0, 1)[1:, :, ::-1].numpy(), x.transpose(2, 0, 1)[1:, :, ::-1])
+
+
+@pytest.mark.parametrize("dt", [dtypes.int8, dtypes.uint16, dtypes.int32, dtypes.int64], ids=lambda d: d.short_name)
+def test_integer_tensors_wrap_and_divide_like_exec_alu(dt):
+    info = np.iinfo(dt.np)
+    a = np.array([info.max, info.min, 7, -7 if info.min < 0 else 9, 0], dtype=dt.np)
+    b = np.array([2, -1 if info.min < 0 else 3, -2 if info.min < 0 else 2, 2, 0], dtype=dt.np)
+    ta, tb = Tensor(a, device="LLVM"), Tensor(b, device="LLVM")
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal((ta + tb).numpy(), a + b)
+        np.testing.assert_array_equal((ta * tb).numpy(), a * b)
+        np.testing.assert_array_equal((ta // tb).numpy(), a // b)  # floor division, x // 0 = 0, MIN // -1 wraps
+
+
+def test_bfloat16_and_half_tensors():
+    x = np.array([0.5, 1.5, -2.25, 1000.0, 3.14159], dtype=np.float32)
+    h = Tensor(x.astype(np.float16), device="LLVM")
+    np.testing.assert_array_equal((h * 3).numpy(), x.astype(np.float16) * np.float16(3))
+    bf = Tensor(x, device="LLVM").cast(dtypes.bfloat16)
+    bits = (x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) >> 16 << 16
+    rounded = bits.astype(np.uint32).view(np.float32)
+    np.testing.assert_array_equal(bf.numpy(), rounded)
+    want = exec_alu(BinaryOps.ADD, dtypes.bfloat16, [rounded, np.float32(1)])
+    np.testing.assert_array_equal((bf + 1).cast(dtypes.float32).numpy(), want)
+
+
+def test_bool_tensors():
+    a, b = np.array([True, False, True, False]), np.array([True, True, False, False])
+    ta, tb = Tensor(a, device="LLVM"), Tensor(b, device="LLVM")
+    np.testing.assert_array_equal((ta & tb).numpy(), a & b)
+    np.testing.assert_array_equal((ta | tb).numpy(), a | b)
+    np.testing.assert_array_equal(ta.where(1.5, -2.0).numpy(), np.where(a, 1.5, -2.0).astype(np.float32))

@@ -1,0 +1,538 @@
+"""Renders the UOp IR straight to LLVM IR text: one function `void @name(ptr %bufs, ptr %vals)` per kernel.
+
+Every dtype keeps a register type and a memory type. bool is `i1` in registers and a byte in memory, as numpy
+stores it. float16 is `half`, but its arithmetic is computed in `float` and rounded back after every operation
+(exactly what numpy does): only conversions ever touch a `half`, and float64 -> float16 rounds once through a
+small helper instead of a compiler-runtime call that MCJIT might not resolve. bfloat16 lives in
+memory as the upper 16 bits of a float32 and in registers as a `float` already rounded to bfloat16, rounded
+(to nearest even) after every operation, as `tgcore.ops.exec_alu` defines it.
+
+Loops are `phi` induction variables; accumulators are stack slots that LLVM's mem2reg turns into registers.
+No instruction carries a fast-math flag and no `fmuladd` is emitted, so every result rounds as numpy's does.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.dtype import ConstType, DType, PtrDType, bf16_round, dtypes, truncate
+from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tgcore.renderer import Renderer
+
+# the register type of each dtype (bfloat16 is carried as a float rounded to bfloat16)
+_REG: dict[DType, str] = {
+    dtypes.bool: "i1",
+    dtypes.int8: "i8",
+    dtypes.uint8: "i8",
+    dtypes.int16: "i16",
+    dtypes.uint16: "i16",
+    dtypes.int32: "i32",
+    dtypes.uint32: "i32",
+    dtypes.int64: "i64",
+    dtypes.uint64: "i64",
+    dtypes.float16: "half",
+    dtypes.bfloat16: "float",
+    dtypes.float32: "float",
+    dtypes.float64: "double",
+}
+# the type of each dtype in memory, where it differs from the register type
+_MEM: dict[DType, str] = {dtypes.bool: "i8", dtypes.bfloat16: "i16"}
+# integers of each width, for bitcasts
+_BITS_TYPE: dict[int, str] = {1: "i8", 2: "i16", 4: "i32", 8: "i64"}
+_FLOAT_INTRINSICS: dict[Op, str] = {
+    UnaryOps.EXP2: "exp2",
+    UnaryOps.LOG2: "log2",
+    UnaryOps.SIN: "sin",
+    UnaryOps.SQRT: "sqrt",
+}
+_FLOAT_BINARY: dict[Op, str] = {
+    BinaryOps.ADD: "fadd",
+    BinaryOps.SUB: "fsub",
+    BinaryOps.MUL: "fmul",
+    BinaryOps.DIV: "fdiv",
+    BinaryOps.MOD: "frem",  # C's fmod, numpy's np.fmod
+}
+_INT_BINARY: dict[Op, str] = {
+    BinaryOps.ADD: "add",
+    BinaryOps.SUB: "sub",
+    BinaryOps.MUL: "mul",
+    BinaryOps.XOR: "xor",
+    BinaryOps.AND: "and",
+    BinaryOps.OR: "or",
+}
+
+# helpers emitted into a module when a kernel needs them; alwaysinline, so they cost no call
+_HELPERS: dict[str, str] = {
+    # float32 -> bfloat16 precision, round to nearest even, NaN -> the canonical quiet NaN (as dtype.bf16_round)
+    "tg_bf16_round": """define internal float @tg_bf16_round(float %x) alwaysinline nounwind {
+  %bits = bitcast float %x to i32
+  %high = lshr i32 %bits, 16
+  %lsb = and i32 %high, 1
+  %bias = add i32 %lsb, 32767
+  %sum = add i32 %bits, %bias
+  %rounded = and i32 %sum, -65536
+  %value = bitcast i32 %rounded to float
+  %nan = fcmp uno float %x, 0.0
+  %out = select i1 %nan, float 0x7FF8000000000000, float %value
+  ret float %out
+}""",
+    # float64 -> float16 with one rounding: round to odd into float32 (24 >= 11 + 2 bits), then to nearest even
+    "tg_f64_to_f16": """define internal half @tg_f64_to_f16(double %x) alwaysinline nounwind {
+  %near = fptrunc double %x to float
+  %back = fpext float %near to double
+  %exact = fcmp ueq double %back, %x
+  %bits = bitcast float %near to i32
+  %abs_back = call double @llvm.fabs.f64(double %back)
+  %abs_x = call double @llvm.fabs.f64(double %x)
+  %away = fcmp ogt double %abs_back, %abs_x
+  %toward = add i32 %bits, -1
+  %truncated = select i1 %away, i32 %toward, i32 %bits
+  %odd = or i32 %truncated, 1
+  %chosen = select i1 %exact, i32 %bits, i32 %odd
+  %f = bitcast i32 %chosen to float
+  %h = fptrunc float %f to half
+  ret half %h
+}""",
+}
+_HELPER_NEEDS: dict[str, tuple[str, ...]] = {"tg_f64_to_f16": ("declare double @llvm.fabs.f64(double)",)}
+
+
+def reg_type(dt: DType) -> str:
+    """The LLVM type a value of `dt` has in a register."""
+    if dt.count != 1:
+        raise NotImplementedError(f"the LLVM renderer has no vector types (supports_float4 is False), got {dt}")
+    if (t := _REG.get(dt)) is None:
+        raise NotImplementedError(f"the LLVM renderer has no type for dtype {dt}")
+    return t
+
+
+def mem_type(dt: DType) -> str:
+    """The LLVM type a value of `dt` has in memory."""
+    return _MEM.get(dt, reg_type(dt))
+
+
+def _hex_double(v: float) -> str:
+    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", v))[0]
+
+
+def render_const(val: ConstType, dt: DType) -> str:
+    """An LLVM literal of type reg_type(dt) for the Python value `val` (wrapped or rounded to `dt`)."""
+    if dt == dtypes.bool:
+        return "true" if val else "false"
+    if dtypes.is_int(dt):
+        i = int(truncate(int(val), dt))
+        bits = dt.itemsize * 8
+        return str(i - (1 << bits) if i >= 1 << (bits - 1) else i)  # LLVM reads integer literals as signed
+    v = float(val)
+    if dt == dtypes.float16:
+        with np.errstate(over="ignore"):
+            return "0xH%04X" % int(np.array(v, dtype=np.float16).view(np.uint16))
+    if dt == dtypes.bfloat16:
+        v = float(bf16_round(np.array([v], dtype=np.float32))[0])
+    elif dt == dtypes.float32:
+        with np.errstate(over="ignore"):
+            v = float(np.float32(v))  # a float literal must be exact in float
+    if math.isnan(v):
+        return "0x7FF8000000000000"
+    return _hex_double(v)
+
+
+class LLVMRenderer(Renderer):
+    """UOps -> LLVM IR; global dimensions are loops (a CPU kernel), no vectors, no locals."""
+
+    device = "LLVM"
+    global_max = None
+    has_local = False
+    has_shared = False
+    supports_float4 = False
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        return _FunctionWriter(name, uops).render()
+
+
+class _FunctionWriter:
+    """The state of rendering one kernel: value names, basic blocks, loops, and what the module must declare."""
+
+    def __init__(self, name: str, uops: list[UOp]) -> None:
+        self.name, self.uops = name, uops
+        self.params: list[tuple[str, str, str]] = []  # the body's parameters: (type, name, where the entry finds it)
+        self.prologue: list[str] = []  # the body's entry block: stack slots
+        self.body: list[str] = []
+        self.values: dict[int, str] = {}  # id(uop) -> LLVM operand (a %name or a literal)
+        self.slots: dict[int, str] = {}  # id(DEFINE_ACC) -> the stack slot holding it
+        self.declares: set[str] = set()
+        self.helpers: set[str] = set()
+        self.counter = 0
+        self.block = "entry"
+
+    # ***** emission *****
+
+    def fresh(self, prefix: str = "v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def emit(self, instruction: str, prefix: str = "v") -> str:
+        """Emit `%name = instruction` and return `%name`."""
+        name = "%" + self.fresh(prefix)
+        self.body.append(f"  {name} = {instruction}")
+        return name
+
+    def line(self, text: str) -> None:
+        self.body.append(f"  {text}")
+
+    def label(self, label: str) -> None:
+        self.body.append(f"{label}:")
+        self.block = label
+
+    def value(self, u: UOp) -> str:
+        """The operand for uop `u` here (an accumulator is read from its slot at each use)."""
+        if u.op in (UOps.DEFINE_ACC, UOps.PHI):
+            acc = u if u.op is UOps.DEFINE_ACC else u.src[0]
+            assert acc.dtype is not None
+            return self.emit(f"load {reg_type(acc.dtype)}, ptr {self.slots[id(acc)]}")
+        if id(u) not in self.values:
+            raise NotImplementedError(f"the LLVM renderer got {u} before the uop that defines it")
+        return self.values[id(u)]
+
+    def intrinsic(self, fn: str, ty: str, *args: str) -> str:
+        suffix = {"float": "f32", "double": "f64"}[ty]
+        self.declares.add(f"declare {ty} @llvm.{fn}.{suffix}({', '.join([ty] * len(args))})")
+        return self.emit(f"call {ty} @llvm.{fn}.{suffix}({', '.join(f'{ty} {a}' for a in args)})")
+
+    def helper(self, fn: str, ret: str, arg_ty: str, arg: str) -> str:
+        self.helpers.add(fn)
+        return self.emit(f"call {ret} @{fn}({arg_ty} {arg})")
+
+    # ***** the conversions every op is built from *****
+
+    def to_compute(self, x: str, dt: DType) -> str:
+        """A float16 value widened to float (exact); other values unchanged."""
+        return self.emit(f"fpext half {x} to float") if dt == dtypes.float16 else x
+
+    def from_compute(self, x: str, dt: DType) -> str:
+        """A computed float value as a `dt` register: rounded to float16 or to bfloat16 precision."""
+        if dt == dtypes.float16:
+            return self.emit(f"fptrunc float {x} to half")
+        if dt == dtypes.bfloat16:
+            return self.helper("tg_bf16_round", "float", "float", x)
+        return x
+
+    def load(self, buf: str, idx: str, dt: DType) -> str:
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt)}, ptr {buf}, i32 {idx}")
+        raw = self.emit(f"load {mem_type(dt)}, ptr {ptr}, align {dt.itemsize}")
+        if dt == dtypes.bool:
+            return self.emit(f"icmp ne i8 {raw}, 0")
+        if dt == dtypes.bfloat16:
+            wide = self.emit(f"zext i16 {raw} to i32")
+            return self.emit(f"bitcast i32 {self.emit(f'shl i32 {wide}, 16')} to float")
+        return raw
+
+    def store(self, buf: str, idx: str, value: str, dt: DType) -> None:
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt)}, ptr {buf}, i32 {idx}")
+        if dt == dtypes.bool:
+            value = self.emit(f"zext i1 {value} to i8")
+        elif dt == dtypes.bfloat16:  # the register already holds a bfloat16 value: keep its upper half
+            high = self.emit(f"lshr i32 {self.emit(f'bitcast float {value} to i32')}, 16")
+            value = self.emit(f"trunc i32 {high} to i16")
+        self.line(f"store {mem_type(dt)} {value}, ptr {ptr}, align {dt.itemsize}")
+
+    def cast(self, x: str, src: DType, dst: DType) -> str:
+        """numpy's astype, on this platform: ints wrap, floats round to nearest even, x != 0 for bool."""
+        if src == dst:
+            return x
+        if dst == dtypes.bool:
+            if dtypes.is_float(src):  # NaN -> True
+                ty = "double" if src == dtypes.float64 else "float"
+                return self.emit(f"fcmp une {ty} {self.to_compute(x, src)}, 0.0")
+            return self.emit(f"icmp ne {reg_type(src)} {x}, 0")
+        if dtypes.is_float(src):
+            return self._cast_from_float(x, src, dst)
+        # from bool or an integer
+        signed = dtypes.is_int(src) and not dtypes.is_unsigned(src)
+        if dtypes.is_int(dst):
+            sb, db = (1 if src == dtypes.bool else src.itemsize * 8), dst.itemsize * 8
+            if sb == db:
+                return x
+            op = "trunc" if sb > db else ("sext" if signed else "zext")
+            return self.emit(f"{op} {reg_type(src)} {x} to {reg_type(dst)}")
+        # int -> float; to float16 and bfloat16 through float32: exact below 2**24, and above that float16
+        # overflows either way and bfloat16 rounds through float32 by definition
+        target = "double" if dst == dtypes.float64 else "float"
+        out = self.emit(f"{'sitofp' if signed else 'uitofp'} {reg_type(src)} {x} to {target}")
+        return self.from_compute(out, dst)
+
+    def _cast_from_float(self, x: str, src: DType, dst: DType) -> str:
+        x = self.to_compute(x, src)  # float16 -> float, exact
+        ty = "double" if src == dtypes.float64 else "float"
+        if dtypes.is_float(dst):
+            if dst == dtypes.float64:
+                return x if ty == "double" else self.emit(f"fpext float {x} to double")
+            if ty == "double":
+                if dst == dtypes.float16:  # one rounding, without the __truncdfhf2 library call
+                    self.declares.update(_HELPER_NEEDS["tg_f64_to_f16"])
+                    return self.helper("tg_f64_to_f16", "half", "double", x)
+                x = self.emit(f"fptrunc double {x} to float")
+            return self.from_compute(x, dst)
+        # float -> int: in range this is exact; narrower ints convert through int32 (int64 for uint32) and wrap,
+        # as numpy's C casts do on x86-64
+        bits = dst.itemsize * 8
+        if dst == dtypes.uint64:
+            return self.emit(f"fptoui {ty} {x} to i64")
+        wide = "i64" if bits == 64 or dst == dtypes.uint32 else "i32"
+        out = self.emit(f"fptosi {ty} {x} to {wide}")
+        return out if wide == reg_type(dst) else self.emit(f"trunc {wide} {out} to {reg_type(dst)}")
+
+    def bitcast(self, x: str, src: DType, dst: DType) -> str:
+        if src.itemsize != dst.itemsize:
+            raise NotImplementedError(f"the LLVM renderer cannot bitcast {src} to {dst}: the sizes differ")
+        bits_ty = _BITS_TYPE[src.itemsize]
+        if src == dtypes.bool:
+            bits = self.emit(f"zext i1 {x} to i8")
+        elif src == dtypes.bfloat16:
+            as_int = self.emit(f"bitcast float {x} to i32")
+            bits = self.emit(f"trunc i32 {self.emit(f'lshr i32 {as_int}, 16')} to i16")
+        elif dtypes.is_float(src):
+            bits = self.emit(f"bitcast {reg_type(src)} {x} to {bits_ty}")
+        else:
+            bits = x
+        if dst == dtypes.bool:
+            return self.emit(f"icmp ne i8 {bits}, 0")
+        if dst == dtypes.bfloat16:
+            wide = self.emit(f"zext i16 {bits} to i32")
+            return self.emit(f"bitcast i32 {self.emit(f'shl i32 {wide}, 16')} to float")
+        if dtypes.is_float(dst):
+            return self.emit(f"bitcast {bits_ty} {bits} to {reg_type(dst)}")
+        return bits
+
+    # ***** ALU ops *****
+
+    def alu(self, op: Op, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+        """The result of `op` (exec_alu's semantics) as a register of the result dtype `dt`."""
+        if op is TernaryOps.WHERE:
+            cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
+            a, b = (self.cast(s, sdt, dt) for s, sdt in zip(srcs[1:], src_dts[1:]))
+            return self.emit(f"select i1 {cond}, {reg_type(dt)} {a}, {reg_type(dt)} {b}")
+        if op is TernaryOps.MULACC:  # never fused: a*b rounds to the dtype, then the sum rounds again
+            product = self.alu(BinaryOps.MUL, dt, srcs[:2], src_dts[:2])
+            return self.alu(BinaryOps.ADD, dt, [product, srcs[2]], [dt, src_dts[2]])
+        sdt = src_dts[0]
+        if sdt == dtypes.bool and op is UnaryOps.NEG:
+            return self.emit(f"xor i1 {srcs[0]}, true")
+        if sdt == dtypes.bool and op in (BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR):
+            return self.emit(f"{_INT_BINARY[op]} i1 {srcs[0]}, {srcs[1]}")
+        if sdt == dtypes.bool:  # arithmetic on bools is done on 0/1 bytes, then read back as != 0 (C's _Bool)
+            widened = [self.emit(f"zext i1 {s} to i8") for s in srcs]
+            compare = op in (BinaryOps.CMPLT, BinaryOps.CMPEQ)
+            out = self.alu(op, dtypes.bool if compare else dtypes.uint8, widened, [dtypes.uint8] * len(srcs))
+            return out if compare else self.cast(out, dtypes.uint8, dt)
+        if dtypes.is_float(sdt):
+            return self.float_alu(op, dt, srcs, sdt)
+        if dtypes.is_int(sdt):
+            return self.int_alu(op, dt, srcs, src_dts)
+        raise NotImplementedError(f"the LLVM renderer cannot render ALU op {op} on {sdt}")
+
+    def float_alu(self, op: Op, dt: DType, srcs: list[str], sdt: DType) -> str:
+        xs = [self.to_compute(s, sdt) for s in srcs]
+        ty = "double" if sdt == dtypes.float64 else "float"
+        if op in _FLOAT_INTRINSICS:
+            return self.from_compute(self.intrinsic(_FLOAT_INTRINSICS[op], ty, xs[0]), dt)
+        if op is UnaryOps.NEG:
+            return self.from_compute(self.emit(f"fneg {ty} {xs[0]}"), dt)
+        if op in _FLOAT_BINARY:
+            return self.from_compute(self.emit(f"{_FLOAT_BINARY[op]} {ty} {xs[0]}, {xs[1]}"), dt)
+        if op is BinaryOps.CMPLT:
+            return self.emit(f"fcmp olt {ty} {xs[0]}, {xs[1]}")
+        if op is BinaryOps.CMPEQ:
+            return self.emit(f"fcmp oeq {ty} {xs[0]}, {xs[1]}")
+        if op is BinaryOps.MAX:  # numpy's maximum: a NaN in either operand is the result
+            greater = self.emit(f"fcmp ogt {ty} {xs[0]}, {xs[1]}")
+            a_nan = self.emit(f"fcmp uno {ty} {xs[0]}, 0.0")
+            take_a = self.emit(f"or i1 {greater}, {a_nan}")
+            return self.emit(f"select i1 {take_a}, {reg_type(sdt)} {srcs[0]}, {reg_type(sdt)} {srcs[1]}")
+        raise NotImplementedError(f"the LLVM renderer cannot render ALU op {op} on {sdt}")
+
+    def int_alu(self, op: Op, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+        sdt = src_dts[0]
+        ty, signed = reg_type(sdt), not dtypes.is_unsigned(sdt)
+        a = srcs[0]
+        if op is UnaryOps.NEG:
+            return self.emit(f"sub {ty} 0, {a}")
+        if op in (BinaryOps.SHL, BinaryOps.SHR):
+            return self.shift(op, a, srcs[1], sdt, src_dts[1])
+        b = srcs[1]
+        if op in _INT_BINARY:
+            return self.emit(f"{_INT_BINARY[op]} {ty} {a}, {b}")
+        if op is BinaryOps.CMPLT:
+            return self.emit(f"icmp {'slt' if signed else 'ult'} {ty} {a}, {b}")
+        if op is BinaryOps.CMPEQ:
+            return self.emit(f"icmp eq {ty} {a}, {b}")
+        if op is BinaryOps.MAX:
+            greater = self.emit(f"icmp {'sgt' if signed else 'ugt'} {ty} {a}, {b}")
+            return self.emit(f"select i1 {greater}, {ty} {a}, {ty} {b}")
+        if op in (BinaryOps.DIV, BinaryOps.MOD):
+            # x / 0 = x % 0 = 0; x / -1 = -x (wrapping at INT_MIN) and x % -1 = 0: the divisions LLVM leaves
+            # undefined never reach sdiv/udiv, whose divisor becomes 1 there
+            zero = self.emit(f"icmp eq {ty} {b}, 0")
+            special = self.emit(f"or i1 {zero}, {self.emit(f'icmp eq {ty} {b}, -1')}") if signed else zero
+            divisor = self.emit(f"select i1 {special}, {ty} 1, {ty} {b}")
+            if op is BinaryOps.MOD:
+                rem = self.emit(f"{'srem' if signed else 'urem'} {ty} {a}, {divisor}")
+                return self.emit(f"select i1 {special}, {ty} 0, {ty} {rem}")
+            quo = self.emit(f"{'sdiv' if signed else 'udiv'} {ty} {a}, {divisor}")
+            if signed:
+                quo = self.emit(f"select i1 {special}, {ty} {self.emit(f'sub {ty} 0, {a}')}, {ty} {quo}")
+            return self.emit(f"select i1 {zero}, {ty} 0, {ty} {quo}")
+        raise NotImplementedError(f"the LLVM renderer cannot render ALU op {op} on {sdt}")
+
+    def shift(self, op: Op, a: str, b: str, dt: DType, b_dt: DType) -> str:
+        """Shifts past the width (or by a negative amount) give 0, or -1 for a right shift of a negative value."""
+        ty, bty, bits = reg_type(dt), reg_type(b_dt), dt.itemsize * 8
+        b_signed = dtypes.is_int(b_dt) and not dtypes.is_unsigned(b_dt)
+        too_big = self.emit(f"icmp {'sge' if b_signed else 'uge'} {bty} {b}, {bits}")
+        out_of_range = self.emit(f"or i1 {too_big}, {self.emit(f'icmp slt {bty} {b}, 0')}") if b_signed else too_big
+        amount = self.emit(f"select i1 {out_of_range}, {bty} 0, {bty} {b}")
+        if bty != ty:  # the amount is in range now, so any width holds it
+            widen = "trunc" if b_dt.itemsize > dt.itemsize else "zext"
+            amount = self.emit(f"{widen} {bty} {amount} to {ty}")
+        signed = not dtypes.is_unsigned(dt)
+        if op is BinaryOps.SHL:
+            return self.emit(f"select i1 {out_of_range}, {ty} 0, {ty} {self.emit(f'shl {ty} {a}, {amount}')}")
+        shifted = self.emit(f"{'ashr' if signed else 'lshr'} {ty} {a}, {amount}")
+        fill = self.emit(f"ashr {ty} {a}, {bits - 1}") if signed else "0"  # -1 for negative a, else 0
+        return self.emit(f"select i1 {out_of_range}, {ty} {fill}, {ty} {shifted}")
+
+    # ***** the walk over the uops *****
+
+    def render(self) -> str:
+        n_vars = 0
+        loops: dict[int, tuple[str, str, int, str]] = {}  # id(RANGE) -> (header label, exit label, phi line, var)
+        ifs: dict[int, str] = {}  # id(IF) -> the label after it
+        for u in self.uops:
+            dt = u.dtype
+            if dt is not None and dt.count != 1:
+                raise NotImplementedError(
+                    f"the LLVM renderer has no vector types (supports_float4 is False), got {dt} in {u}"
+                )
+            if u.op is UOps.DEFINE_GLOBAL:
+                name = self.values[id(u)] = "%" + self.fresh("buf")
+                self.params.append(("ptr", name, f"getelementptr inbounds ptr, ptr %bufs, i32 {u.arg[0]}"))
+            elif u.op is UOps.DEFINE_VAR:
+                name = self.values[id(u)] = "%" + self.fresh("var")
+                self.params.append(("i32", name, f"getelementptr inbounds i32, ptr %vals, i32 {n_vars}"))
+                n_vars += 1
+            elif u.op is UOps.DEFINE_LOCAL:
+                assert isinstance(dt, PtrDType)
+                name = "%" + self.fresh("local")
+                self.prologue.append(f"  {name} = alloca [{u.arg[1]} x {mem_type(dt.base)}], align 16")
+                self.values[id(u)] = name
+            elif u.op is UOps.CONST:
+                assert dt is not None
+                self.values[id(u)] = render_const(u.arg, dt)
+            elif u.op is UOps.DEFINE_ACC:
+                assert dt is not None
+                slot = "%" + self.fresh("acc")
+                self.prologue.append(f"  {slot} = alloca {reg_type(dt)}, align 8")
+                self.slots[id(u)] = slot
+                # the accumulator starts over wherever its definition is reached (e.g. in each outer iteration)
+                self.line(f"store {reg_type(dt)} {render_const(u.arg, dt)}, ptr {slot}")
+            elif u.op is UOps.PHI:
+                assert dt is not None
+                new = self.value(u.src[1])
+                self.line(f"store {reg_type(dt)} {new}, ptr {self.slots[id(u.src[0])]}")
+            elif u.op is UOps.RANGE:
+                start, end = self.value(u.src[0]), self.value(u.src[1])
+                header, body, exit_ = self.fresh("loop"), self.fresh("body"), self.fresh("exit")
+                before = self.block
+                self.line(f"br label %{header}")
+                self.label(header)
+                var = "%" + self.fresh("ridx")
+                self.body.append(f"  {var} = phi i32 [ {start}, %{before} ]")  # the back edge is added at ENDRANGE
+                loops[id(u)] = (header, exit_, len(self.body) - 1, var)
+                self.values[id(u)] = var
+                cond = self.emit(f"icmp slt i32 {var}, {end}")
+                self.line(f"br i1 {cond}, label %{body}, label %{exit_}")
+                self.label(body)
+            elif u.op is UOps.ENDRANGE:
+                header, exit_, phi_line, var = loops[id(u.src[0])]
+                step = self.emit(f"add nsw i32 {var}, 1")  # var < end <= INT_MAX: no overflow
+                self.body[phi_line] += f", [ {step}, %{self.block} ]"
+                self.line(f"br label %{header}")
+                self.label(exit_)
+            elif u.op is UOps.IF:
+                then, after = self.fresh("then"), self.fresh("endif")
+                self.line(f"br i1 {self.value(u.src[0])}, label %{then}, label %{after}")
+                ifs[id(u)] = after
+                self.label(then)
+            elif u.op is UOps.ENDIF:
+                after = ifs[id(u.src[0])]
+                self.line(f"br label %{after}")
+                self.label(after)
+            elif u.op is UOps.BARRIER:
+                pass  # no SPECIAL or local ids here: one thread runs the whole kernel, nothing to wait for
+            elif u.op is UOps.LOAD:
+                assert dt is not None
+                buf, idx = self.value(u.src[0]), self.value(u.src[1])
+                if len(u.src) == 4:  # gated: the load must not run when the gate is false (its index may be wild)
+                    gate, alt = self.value(u.src[2]), self.value(u.src[3])
+                    before, load_block, merge = self.block, self.fresh("load"), self.fresh("loaded")
+                    self.line(f"br i1 {gate}, label %{load_block}, label %{merge}")
+                    self.label(load_block)
+                    got = self.load(buf, idx, dt)
+                    self.line(f"br label %{merge}")
+                    self.label(merge)
+                    out = self.emit(f"phi {reg_type(dt)} [ {got}, %{load_block} ], [ {alt}, %{before} ]")
+                    self.values[id(u)] = out
+                else:
+                    self.values[id(u)] = self.load(buf, idx, dt)
+            elif u.op is UOps.STORE:
+                value_dt = u.src[0].dtype
+                assert isinstance(value_dt, PtrDType)
+                buf, idx, value = (self.value(s) for s in u.src[:3])
+                value = self.cast(value, u.src[2].dtype or value_dt.base, value_dt.base)
+                if len(u.src) == 4:
+                    gate, store_block, after = self.value(u.src[3]), self.fresh("store"), self.fresh("stored")
+                    self.line(f"br i1 {gate}, label %{store_block}, label %{after}")
+                    self.label(store_block)
+                    self.store(buf, idx, value, value_dt.base)
+                    self.line(f"br label %{after}")
+                    self.label(after)
+                else:
+                    self.store(buf, idx, value, value_dt.base)
+            elif u.op is UOps.ALU:
+                assert dt is not None
+                srcs = [self.value(s) for s in u.src]
+                src_dts = [s.dtype for s in u.src]
+                if any(d is None for d in src_dts):
+                    raise NotImplementedError(f"the LLVM renderer got an ALU operand without a dtype in {u}")
+                self.values[id(u)] = self.alu(u.arg, dt, srcs, src_dts)  # type: ignore[arg-type]
+            elif u.op is UOps.CAST:
+                assert dt is not None and u.src[0].dtype is not None
+                self.values[id(u)] = self.cast(self.value(u.src[0]), u.src[0].dtype, dt)
+            elif u.op is UOps.BITCAST:
+                assert dt is not None and u.src[0].dtype is not None
+                self.values[id(u)] = self.bitcast(self.value(u.src[0]), u.src[0].dtype, dt)
+            else:
+                why = " (its kernels are CPU loops: global_max is None)" if u.op is UOps.SPECIAL else ""
+                raise NotImplementedError(f"the LLVM renderer cannot render uop {u.op.name}{why}")
+        return self.module()
+
+    def module(self) -> str:
+        """The kernel: an entry with the uniform signature that reads its arguments and calls the body, whose
+        buffer parameters are `noalias` (C's restrict, as CLANG's kernels have); the body is inlined into it."""
+        body_name = f'"{self.name}.body"'
+        params = ", ".join(f"{ty}{' noalias' if ty == 'ptr' else ''} {name}" for ty, name, _ in self.params)
+        body = [f"define internal void @{body_name}({params}) alwaysinline nounwind {{", "entry:"]
+        body += self.prologue + self.body + ["  ret void", "}"]
+        entry = [f'define void @"{self.name}"(ptr %bufs, ptr %vals) nounwind {{', "entry:"]
+        args = []
+        for i, (ty, _, address) in enumerate(self.params):
+            entry += [f"  %p{i} = {address}", f"  %a{i} = load {ty}, ptr %p{i}, align {8 if ty == 'ptr' else 4}"]
+            args.append(f"{ty} %a{i}")
+        entry += [f"  call void @{body_name}({', '.join(args)})", "  ret void", "}"]
+        helpers = [_HELPERS[h] for h in sorted(self.helpers)]
+        parts = sorted(self.declares) + helpers + ["\n".join(body), "\n".join(entry)]
+        return "\n\n".join(parts) + "\n"
