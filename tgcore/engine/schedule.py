@@ -65,6 +65,7 @@ class _Graph:
         self.children: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}  # base -> [(child, view read)]
         self.seen: dict[LazyBuffer, None] = {}
         self.masked_reads: list[LazyBuffer] = []
+        self.pad_safe: dict[LazyBuffer, bool] = {}
         for b in outs:
             self._walk(b)
         for b in self.seen:
@@ -101,7 +102,9 @@ class _Graph:
     def _pad_safe(self, b: LazyBuffer) -> bool:
         if b.realized is not None or b in self.realizes or b.op is LoadOps.CONST:
             return True
-        return b.op in _PAD_SAFE and all(self._pad_safe(s.base) for s in b.srcs)
+        if b not in self.pad_safe:  # memoized: a graph that reuses nodes would make the walk exponential
+            self.pad_safe[b] = b.op in _PAD_SAFE and all(self._pad_safe(s.base) for s in b.srcs)
+        return self.pad_safe[b]
 
     def _try_fuse_reduce(self, r: LazyBuffer) -> None:
         group: dict[LazyBuffer, None] = {}
