@@ -147,6 +147,16 @@ class Sigmoid(Function):
         return self.ret.e(BinaryOps.MUL, self.ret.const(1).e(BinaryOps.SUB, self.ret)).e(BinaryOps.MUL, grad_output)
 
 
+class ZeroGradient(Function):
+    """A step function of x (floor, round, ...): the value is computed off the tape, the gradient is 0."""
+
+    def forward(self, x: LazyBuffer, value: LazyBuffer) -> LazyBuffer:
+        return value
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.const(0)
+
+
 class Sign(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         return x.e(BinaryOps.CMPEQ, x.const(0)).e(
@@ -176,9 +186,14 @@ class Eq(Function):
         return None, None
 
 
-class Xor(Function):
-    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
-        return x.e(BinaryOps.XOR, y)
+class Bitwise(Function):
+    """XOR, AND, OR, SHL or SHR of integers or bools: no gradient flows through bits."""
+
+    def forward(self, x: LazyBuffer, y: LazyBuffer, op: BinaryOps) -> LazyBuffer:
+        return x.e(op, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[None, None]:
+        return None, None
 
 
 class Add(Function):

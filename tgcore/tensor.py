@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import math
+import string
 from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence, Union
 
 import numpy as np
@@ -13,10 +17,10 @@ from tgcore.dtype import ConstType, DType, dtypes, least_upper_dtype, least_uppe
 from tgcore.engine.realize import run_schedule
 from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
 from tgcore.function import Function
-from tgcore.helpers import all_int, argfix, flatten, prod
+from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
-from tgcore.ops import LoadOps
-from tgcore.shape.symbolic import Variable, sint
+from tgcore.ops import BinaryOps, LoadOps
+from tgcore.shape.symbolic import Node, NumNode, Variable, sint
 
 __all__ = ["Tensor", "Function"]
 
@@ -47,7 +51,7 @@ class Tensor:
 
     def __init__(
         self,
-        data: Union[None, ConstType, list, tuple, LazyBuffer, np.ndarray, bytes, Tensor],
+        data: Union[None, ConstType, list, tuple, LazyBuffer, np.ndarray, bytes, Variable, Tensor],
         device: Optional[str] = None,
         dtype: Optional[Union[DType, str]] = None,
         requires_grad: Optional[bool] = None,
@@ -65,6 +69,8 @@ class Tensor:
             lb = data
         elif data is None:
             lb = LazyBuffer.loadop(LoadOps.EMPTY, (0,), dt or dtypes.default_float, device)
+        elif isinstance(data, Variable):  # a symbolic scalar, bound when a kernel runs
+            lb = LazyBuffer.loadop(LoadOps.CONST, (), dt or dtypes.int32, device, data)
         elif isinstance(data, (bool, int, float, np.generic)) and not isinstance(data, np.ndarray):
             dt = dt or dtypes.from_py(data.item() if isinstance(data, np.generic) else data)
             lb = LazyBuffer.loadop(LoadOps.CONST, (), dt, device, data.item() if isinstance(data, np.generic) else data)
@@ -102,6 +108,12 @@ class Tensor:
     def __bool__(self) -> bool:
         raise TypeError("the truth value of a Tensor is ambiguous; use .item() or compare explicitly")
 
+    def __getattr__(self, name: str) -> Any:
+        """tinygrad's device shortcuts, for every registered device: t.python() is t.to("PYTHON")."""
+        if not name.startswith("_") and name.upper() in Device.specs():
+            return functools.partial(self.to, name.upper())
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
@@ -137,9 +149,37 @@ class Tensor:
     def is_floating_point(self) -> bool:
         return dtypes.is_float(self.dtype)
 
+    def size(self, dim: Optional[int] = None) -> Union[sint, tuple[sint, ...]]:
+        """The shape, or the size of axis `dim`."""
+        return self.shape if dim is None else self.shape[self._resolve_dim(dim)]
+
     @property
     def T(self) -> Tensor:
         return self.transpose()
+
+    class train(contextlib.ContextDecorator):
+        """`with Tensor.train():` or `@Tensor.train()`: set Tensor.training to `mode` inside, restore it after."""
+
+        def __init__(self, mode: bool = True) -> None:
+            self.mode = mode
+
+        def __enter__(self) -> None:
+            self.prev, Tensor.training = Tensor.training, self.mode
+
+        def __exit__(self, *exc: Any) -> None:
+            Tensor.training = self.prev
+
+    class inference_mode(contextlib.ContextDecorator):
+        """`with Tensor.inference_mode():` or as a decorator: set Tensor.no_grad to `mode` inside, restore it after."""
+
+        def __init__(self, mode: bool = True) -> None:
+            self.mode = mode
+
+        def __enter__(self) -> None:
+            self.prev, Tensor.no_grad = Tensor.no_grad, self.mode
+
+        def __exit__(self, *exc: Any) -> None:
+            Tensor.no_grad = self.prev
 
     # ***** realization *****
 
@@ -149,8 +189,8 @@ class Tensor:
     def schedule(self, *lst: Tensor) -> list[ScheduleItem]:
         return self.schedule_with_vars(*lst)[0]
 
-    def realize(self, *lst: Tensor) -> Tensor:
-        """Compute this tensor (and `lst`) now."""
+    def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
+        """Compute this tensor (and `lst`) now (`do_update_stats` is accepted for tinygrad; stats are always kept)."""
         run_schedule(*self.schedule_with_vars(*lst))
         return self
 
@@ -180,7 +220,9 @@ class Tensor:
     def data(self) -> memoryview:
         """The data as a memoryview of the tensor's shape."""
         arr = self.numpy()
-        return memoryview(arr).cast(arr.dtype.char, arr.shape) if arr.ndim and arr.size else memoryview(arr)
+        if not arr.ndim or not arr.size:
+            return memoryview(arr)
+        return memoryview(np.ascontiguousarray(arr)).cast("B").cast(arr.dtype.char, arr.shape)
 
     def item(self) -> ConstType:
         if self.numel() != 1:
@@ -292,32 +334,106 @@ class Tensor:
     def ones_like(self, **kwargs: Any) -> Tensor:
         return self.full_like(1, **kwargs)
 
-    # random numbers: a seeded generator on the host (reproducible for a given seed on every device)
+    # ***** random numbers *****
+    # Threefry-2x32 (20 rounds) is counter based: each 32-bit word is a pure function of (seed, call number, index),
+    # computed by a kernel on the tensor's device from integer adds, xors and shifts, so every device draws the same
+    # bits for a seed. The call number lives in a small buffer on the device that each draw bumps in place, so a
+    # TinyJit replay draws fresh numbers too.
     _seed: ClassVar[int] = 0
-    _rng_counter: ClassVar[int] = 0
+    _rng_counters: ClassVar[dict[str, Tensor]] = {}
 
     @staticmethod
     def manual_seed(seed: int = 0) -> None:
-        Tensor._seed, Tensor._rng_counter = seed, 0
+        """Restart every random stream from `seed`."""
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+            raise TypeError(f"manual_seed needs an int, got {type(seed).__name__}")
+        Tensor._seed, Tensor._rng_counters = int(seed), {}
 
     @staticmethod
-    def _host_rng() -> np.random.Generator:
-        Tensor._rng_counter += 1
-        return np.random.Generator(np.random.Philox(key=Tensor._seed, counter=Tensor._rng_counter))
+    def _random_bits(n: int, device: str) -> Tensor:
+        """`n` fresh uniformly distributed uint32 words on `device`."""
+        if n >= 2**33:
+            raise ValueError(f"cannot draw {n} random numbers at once: at most 2**33 - 1")
+        counter = Tensor._rng_counters.get(device)
+        if counter is None:
+            counter = Tensor._rng_counters[device] = Tensor(np.zeros(1, np.uint32), device=device)
+        counter.assign(counter + 1).realize()
+        call = (counter - 1).realize()  # this draw's number, in a buffer the next draw does not touch
+        pairs = (n + 1) // 2
+        x0, x1 = _threefry2x32(_uint32_range(pairs, device), call.expand(pairs), Tensor._seed)
+        return x0.cat(x1).shrink(((0, n),))
 
     @staticmethod
-    def rand(*shape: Any, **kwargs: Any) -> Tensor:
-        """Uniform in [0, 1)."""
-        dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
-        arr = Tensor._host_rng().random(_shape(shape), dtype=np.float32)
-        return Tensor(arr, **kwargs).cast(dt)
+    def _random_leaf(out: Tensor, device: str, requires_grad: Optional[bool]) -> Tensor:
+        return Tensor(out.lazydata, device=device, requires_grad=requires_grad)
 
     @staticmethod
-    def randn(*shape: Any, **kwargs: Any) -> Tensor:
-        """Standard normal."""
-        dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
-        arr = Tensor._host_rng().standard_normal(_shape(shape), dtype=np.float32)
-        return Tensor(arr, **kwargs).cast(dt)
+    def rand(
+        *shape: Any,
+        device: Optional[str] = None,
+        dtype: Optional[Union[DType, str]] = None,
+        requires_grad: Optional[bool] = None,
+    ) -> Tensor:
+        """Uniform in [0, 1): every value is a multiple of 2**-m, m the dtype's mantissa bits (+1)."""
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if not dtypes.is_float(dt):
+            raise ValueError(f"rand makes floats, got dtype {dt}; use Tensor.randint for integers")
+        s, dev = _shape(shape), Device.canonicalize(device)
+        if not all_int(s):
+            raise ValueError(f"rand needs a concrete shape, got {s}")
+        n = prod(s)
+        if n == 0:
+            return Tensor.zeros(s, dtype=dt, device=dev, requires_grad=requires_grad)
+        bits = _RAND_BITS[dt]
+        words = Tensor._random_bits(n, dev)
+        out = (words if bits == 32 else words >> (32 - bits)).cast(dt) * (2.0**-bits)
+        return Tensor._random_leaf(out.reshape(s), dev, requires_grad)
+
+    @staticmethod
+    def randn(*shape: Any, dtype: Optional[Union[DType, str]] = None, **kwargs: Any) -> Tensor:
+        """Standard normal (Box-Muller on two uniform draws)."""
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if not dtypes.is_float(dt):
+            raise ValueError(f"randn makes floats, got dtype {dt}")
+        requires_grad = kwargs.pop("requires_grad", None)
+        s = _shape(shape)
+        u = Tensor.rand(2, *s, dtype=dtypes.float64 if dt == dtypes.float64 else dtypes.float32, **kwargs)
+        z = (u[0] * (2 * math.pi)).cos() * ((1 - u[1]).log() * -2).sqrt()
+        return Tensor._random_leaf(z.cast(dt), u.device, requires_grad)
+
+    @staticmethod
+    def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
+        """Normal with the given mean and standard deviation."""
+        requires_grad = kwargs.pop("requires_grad", None)
+        dt = kwargs.get("dtype")
+        z = Tensor.randn(*shape, **kwargs)
+        out = (z * std + mean).cast(z.dtype if dt is None else to_dtype(dt))
+        return Tensor._random_leaf(out, z.device, requires_grad)
+
+    @staticmethod
+    def randint(*shape: Any, low: int = 0, high: int = 10, **kwargs: Any) -> Tensor:
+        """Integers uniform in [low, high) (int32 unless `dtype` says otherwise)."""
+        dt = to_dtype(kwargs.pop("dtype", None) or dtypes.int32)
+        requires_grad = kwargs.pop("requires_grad", None)
+        dev = Device.canonicalize(kwargs.pop("device", None))
+        if kwargs:
+            raise TypeError(f"randint got unexpected arguments {sorted(kwargs)}")
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (low, high)):
+            raise TypeError(f"randint needs integer bounds, got low={low!r} high={high!r}")
+        if not dtypes.is_int(dt):
+            raise ValueError(f"randint makes integers, got dtype {dt}; use Tensor.uniform for floats")
+        if high <= low or high - low > 2**32:
+            raise ValueError(f"randint needs low < high and high - low <= 2**32, got low={low} high={high}")
+        if low < dtypes.min(dt) or high - 1 > dtypes.max(dt):
+            raise ValueError(f"randint range [{low}, {high}) does not fit in {dt}")
+        s = _shape(shape)
+        if prod(s) == 0:
+            return Tensor.zeros(s, dtype=dt, device=dev, requires_grad=requires_grad)
+        words = Tensor._random_bits(prod(s), dev)
+        span = high - low
+        # wrapping arithmetic in dt is exact here: the true result fits in dt
+        out = (words if span == 2**32 else words % span).cast(dt) + int(low)
+        return Tensor._random_leaf(out.reshape(s), dev, requires_grad)
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
@@ -332,6 +448,38 @@ class Tensor:
     def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
         s = _shape(shape)
         return Tensor.uniform(*s, low=-1.0, high=1.0, **kwargs) * ((6 / (s[0] + prod(s[1:]))) ** 0.5)
+
+    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
+        """Draw category indices (int32) in proportion to the weights on the last axis (1-d or 2-d self)."""
+        if not 1 <= self.ndim <= 2 or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(
+                f"multinomial needs 1-d or 2-d weights and num_samples >= 1, got {self.shape}, {num_samples}"
+            )
+        if not replacement and num_samples != 1:
+            raise ValueError("multinomial without replacement draws only one sample (as in tinygrad 0.9.0)")
+        weights = self.unsqueeze(0) if self.ndim == 1 else self
+        cdf = weights.float().cumsum(1)
+        cdf = cdf / cdf[:, -1:]
+        u = Tensor.rand(weights.shape[0], num_samples, 1, device=self.device)
+        # the index is how many cumulative bounds the draw passes; a draw that passes them all takes the last
+        idx = (u >= cdf.unsqueeze(1)).sum(2).minimum(self.shape[-1] - 1).cast(dtypes.int32)
+        return Tensor(idx.lazydata if self.ndim == 2 else idx[0].lazydata, device=self.device)
+
+    @staticmethod
+    def from_node(y: Node, **kwargs: Any) -> Tensor:
+        """A 0-d tensor holding the symbolic (or plain) integer `y`."""
+        if isinstance(y, (int, Variable)):
+            return Tensor(y, **kwargs, requires_grad=False)
+        if isinstance(y, NumNode):
+            return Tensor(y.b, **kwargs, requires_grad=False)
+        raise TypeError(f"from_node needs an int, a NumNode or a Variable, got {type(y).__name__}")
+
+    @staticmethod
+    def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
+        """Normal with He initialization's standard deviation for a leaky ReLU of slope `a`."""
+        s = _shape(shape)
+        std = math.sqrt(2.0 / (1 + a**2)) / math.sqrt(prod(s[1:]))
+        return Tensor.normal(*s, mean=0.0, std=std, **kwargs)
 
     @staticmethod
     def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
@@ -456,7 +604,7 @@ class Tensor:
         if value == 0:
             return ret
         mask = F.Pad.apply(Tensor.ones_like(self, dtype=dtypes.bool), arg=full)
-        return mask.where(ret, value)
+        return mask.where(ret, value).cast(self.dtype)  # numpy's: the fill value takes the tensor's dtype
 
     def _resolve_dim(self, dim: int, outer: bool = False) -> int:
         n = self.ndim + int(outer)
@@ -492,8 +640,8 @@ class Tensor:
         d = self._resolve_dim(dim, outer=True)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def __getitem__(self, indices: Any) -> Tensor:
-        """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    def _index_plan(self, indices: Any) -> _IndexPlan:
+        """Parse an index into the movement ops of its basic part and the index tensors of its advanced part."""
         idx = list(indices) if isinstance(indices, tuple) else [indices]
         ellipses = [k for k, i in enumerate(idx) if i is Ellipsis]
         if len(ellipses) > 1:
@@ -506,47 +654,133 @@ class Tensor:
             idx[e : e + 1] = [slice(None)] * (self.ndim - n_real)
         else:
             idx += [slice(None)] * (self.ndim - n_real)
-        x, dim, out_shape = self, 0, []
-        shrink, flips, strides = [], [], []
+        plan = _IndexPlan()
+        dim = 0
         for i in idx:
             if i is None:
-                out_shape.append(1)
+                plan.out_shape.append(1)
                 continue
             size = self.shape[dim]
-            if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            step = 1
+            if isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)):
                 j = int(i) + size if i < 0 else int(i)
                 if not 0 <= j < size:
                     raise IndexError(f"index {i} is out of bounds for axis {dim} with size {size}")
-                shrink.append((j, j + 1))
-                flips.append(False)
-                strides.append(1)
+                plan.shrink.append((j, j + 1))
             elif isinstance(i, slice):
                 start, stop, step = i.indices(size)
                 n = len(range(start, stop, step))
                 if step > 0:
-                    shrink.append((start, start + (n - 1) * step + 1) if n else (0, 0))
+                    plan.shrink.append((start, start + (n - 1) * step + 1) if n else (0, 0))
                 else:
-                    shrink.append((start + (n - 1) * step, start + 1) if n else (0, 0))
-                flips.append(step < 0)
-                strides.append(abs(step))
-                out_shape.append(n)
-            elif isinstance(i, Tensor):
-                raise NotImplementedError("indexing with a Tensor (advanced indexing) is not supported yet")
+                    plan.shrink.append((start + (n - 1) * step, start + 1) if n else (0, 0))
+                plan.out_shape.append(n)
+            elif isinstance(i, (Tensor, list, tuple, np.ndarray)):
+                plan.shrink.append((0, size))
+                plan.out_shape.append(size)
+                plan.advanced.append((len(plan.out_shape) - 1, self._index_tensor(i, dim, size)))
             else:
-                raise IndexError(f"cannot index with {type(i).__name__}: expected int, slice, None or Ellipsis")
+                raise IndexError(
+                    f"cannot index with {type(i).__name__}: expected int, slice, None, Ellipsis, a list of ints "
+                    "or an integer Tensor"
+                )
+            plan.flips.append(step < 0)
+            plan.strides.append(abs(step))
             dim += 1
-        x = x.shrink(tuple(shrink)) if shrink else x
-        if any(flips):
-            x = x.flip(tuple(d for d, f in enumerate(flips) if f))
-        if any(s != 1 for s in strides):
+        return plan
+
+    def _index_tensor(self, i: Any, dim: int, size: sint) -> Tensor:
+        """An index list/array/Tensor for axis `dim` as an integer tensor with negative indices wrapped."""
+        if isinstance(i, Tensor):
+            if not dtypes.is_int(i.dtype):
+                raise IndexError(
+                    f"tensor index on axis {dim} must hold integers, got {i.dtype} (boolean masks are not supported: "
+                    "use Tensor.where or masked_fill)"
+                )
+            if i.device != self.device:
+                raise IndexError(f"index tensor is on {i.device}, the tensor on {self.device}")
+            return (i < 0).where(i + size, i)
+        arr = np.asarray(i)
+        if arr.dtype == np.bool_:
+            raise IndexError(f"boolean mask index on axis {dim} is not supported: use Tensor.where or masked_fill")
+        if arr.size == 0:
+            arr = arr.astype(np.int32)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise IndexError(f"index list on axis {dim} must hold integers, got {arr.dtype}")
+        if ((arr < -size) | (arr >= size)).any():
+            raise IndexError(f"index {arr.tolist()} is out of bounds for axis {dim} with size {size}")
+        return Tensor(np.where(arr < 0, arr + size, arr).astype(np.int32), device=self.device)
+
+    def _basic_index(self, plan: _IndexPlan) -> Tensor:
+        x = self.shrink(tuple(plan.shrink)) if plan.shrink else self
+        if any(plan.flips):
+            x = x.flip(tuple(d for d, f in enumerate(plan.flips) if f))
+        if any(k != 1 for k in plan.strides):
             # take every k-th element: pad to a multiple of k, split the axis, keep index 0
-            padded = [(0, (-int(s)) % k) if k > 1 else (0, 0) for s, k in zip(x.shape, strides)]
-            x = x.pad(tuple(padded))
-            split = flatten([(s // k, k) if k > 1 else (s, 1) for s, k in zip(x.shape, strides)])
-            x = x.reshape(tuple(split)).shrink(
-                tuple(flatten([((0, split[2 * d]), (0, 1)) for d in range(len(strides))]))
-            )
-        return x.reshape(tuple(out_shape))
+            x = x.pad(tuple((0, (-int(s)) % k) for s, k in zip(x.shape, plan.strides)))
+            split = flatten([(s // k, k) for s, k in zip(x.shape, plan.strides)])
+            x = x.reshape(tuple(split)).shrink(tuple(flatten([((0, split[2 * d]), (0, 1)) for d in range(x.ndim)])))
+        return x.reshape(tuple(plan.out_shape))
+
+    def _unindex(self, plan: _IndexPlan, v: Tensor) -> Tensor:
+        """The inverse of _basic_index: `v` (of the indexed shape) placed into this shape, zero elsewhere."""
+        strided = [(b - a + k - 1) // k for (a, b), k in zip(plan.shrink, plan.strides)]
+        v = v.reshape(tuple(strided))
+        if any(k != 1 for k in plan.strides):
+            v = v.reshape(tuple(flatten([(n, 1) for n in strided])))
+            v = v.pad(tuple(flatten([(None, (0, k - 1)) for k in plan.strides])))
+            v = v.reshape(tuple(n * k for n, k in zip(strided, plan.strides)))
+            v = v.shrink(tuple((0, b - a) for a, b in plan.shrink))
+        if any(plan.flips):
+            v = v.flip(tuple(d for d, f in enumerate(plan.flips) if f))
+        return v.pad(tuple((a, s - b) for (a, b), s in zip(plan.shrink, self.shape)))
+
+    def _advanced_index(self, advanced: list[tuple[int, Tensor]]) -> Tensor:
+        """Select with integer index tensors on axes `advanced` (one-hot masks reduced away, so it has a gradient)."""
+        dims, index = [d for d, _ in advanced], [t for _, t in advanced]
+        b_shape = _broadcast_shape(*[t.shape for t in index])
+        rest = [d for d in range(self.ndim) if d not in dims]
+        x = self.permute(rest + dims)
+        x = x.reshape(x.shape[: len(rest)] + (1,) * len(b_shape) + x.shape[len(rest) :])
+        for j, (d, t) in enumerate(zip(dims, index)):
+            size = self.shape[d]
+            hit = t._broadcast_to(b_shape).unsqueeze(-1) == Tensor.arange(size, device=self.device)
+            hit = hit.reshape(b_shape + (size,) + (1,) * (len(dims) - 1 - j))
+            x = hit.where(x, 0).sum(len(rest) + len(b_shape)).cast(self.dtype)
+        # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (as tinygrad)
+        first = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+        nb = len(b_shape)
+        order = list(range(first)) + [len(rest) + k for k in range(nb)] + list(range(first, len(rest)))
+        return x.permute(order)
+
+    def __getitem__(self, indices: Any) -> Tensor:
+        """numpy indexing: ints, slices (any step), None, Ellipsis, and lists or integer Tensors (advanced)."""
+        plan = self._index_plan(indices)
+        x = self._basic_index(plan)
+        return x._advanced_index(plan.advanced) if plan.advanced else x
+
+    def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
+        """Write `v` (broadcast, cast to this dtype) into the indexed part: in place when this tensor is realized."""
+        if self.requires_grad:
+            raise NotImplementedError("setitem on a tensor that requires grad is not supported: use where or pad")
+        plan = self._index_plan(indices)
+        if plan.advanced:
+            raise NotImplementedError("setitem with list or Tensor indices is not supported (as in tinygrad 0.9.0)")
+        val = v if isinstance(v, Tensor) else Tensor(v, device=self.device, dtype=self.dtype)
+        if val.device != self.device:
+            raise ValueError(f"setitem value is on {val.device}, the tensor on {self.device}")
+        out_shape = tuple(plan.out_shape)
+        if _broadcast_shape(val.shape, out_shape) != out_shape:
+            raise ValueError(f"cannot assign a value of shape {val.shape} to an index of shape {out_shape}")
+        val = val.cast(self.dtype)._broadcast_to(out_shape)
+        if not val.lazydata.is_unrealized_const():  # computed apart, so a value read from this buffer stays intact
+            val = (val.contiguous() if val.lazydata.base is self.lazydata.base else val).realize()
+        mask = self._unindex(plan, Tensor.ones(out_shape, dtype=dtypes.bool, device=self.device))
+        new = mask.where(self._unindex(plan, val), self).detach()
+        if self.lazydata.base.realized is not None and self.lazydata.base is self.lazydata:
+            self.assign(new).realize()
+        else:
+            self.lazydata = new.lazydata
 
     def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
         d = self._resolve_dim(dim)
@@ -567,16 +801,72 @@ class Tensor:
             out = out + p
         return out
 
-    @staticmethod
-    def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    def stack(self: Union[Tensor, Sequence[Tensor]], *args: Tensor, dim: int = 0) -> Tensor:
+        """Join tensors of one shape along a new axis: `a.stack(b)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
+        tensors = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]
+        if not tensors:
+            raise ValueError("stack needs at least one tensor")
         first, *rest = [t.unsqueeze(dim) for t in tensors]
         return first.cat(*rest, dim=dim)
 
-    def repeat(self, repeats: Sequence[int]) -> Tensor:
+    def repeat(self, repeats: Any, *args: Any) -> Tensor:
+        """Tile the tensor `repeats[i]` times along axis i (numpy's tile; new leading axes when repeats is longer)."""
+        repeats = argfix(repeats, *args)
+        if len(repeats) < self.ndim or any(not isinstance(r, int) or r < 0 for r in repeats):
+            raise ValueError(f"repeat needs one count >= 0 per axis (at least {self.ndim}), got {repeats}")
         base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
         new_shape = [x for r, s in zip(repeats, base.shape) for x in (1, s)]
         expanded = [x for r, s in zip(repeats, base.shape) for x in (r, s)]
         return base.reshape(new_shape).expand(expanded).reshape([r * s for r, s in zip(repeats, base.shape)])
+
+    def split(self, sizes: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
+        """Cut axis `dim` into pieces of `sizes` (an int: equal pieces, the last one smaller)."""
+        d = self._resolve_dim(dim)
+        n = self.shape[d]
+        if isinstance(sizes, int):
+            if sizes <= 0:
+                raise ValueError(f"split size must be > 0, got {sizes}")
+            sizes = [min(sizes, n - i) for i in range(0, max(int(n), 1), sizes)]
+        sizes = list(sizes)
+        if any(not isinstance(x, int) or x < 0 for x in sizes) or sum(sizes) != n:
+            raise ValueError(f"split sizes {sizes} must be >= 0 and add up to {n}, the size of axis {d}")
+        offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+        return tuple(
+            self.shrink(tuple((offsets[k], offsets[k + 1]) if a == d else None for a in range(self.ndim)))
+            for k in range(len(sizes))
+        )
+
+    def chunk(self, chunks: int, dim: int = 0) -> list[Tensor]:
+        """Cut axis `dim` into `chunks` pieces of ceil(size / chunks) (fewer when they run out)."""
+        if not isinstance(chunks, int) or chunks <= 0:
+            raise ValueError(f"chunk needs chunks > 0, got {chunks}")
+        n = self.shape[self._resolve_dim(dim)]
+        return list(self.split(max(1, -(-int(n) // chunks)), dim))
+
+    def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Tensor:
+        """Pad (or trim, where negative) the last axes: (left, right, top, bottom, ...) like torch's F.pad."""
+        if len(padding) % 2 or len(padding) > 2 * self.ndim:
+            raise ValueError(f"pad2d needs pairs of (before, after) for at most {self.ndim} axes, got {padding}")
+        pairs = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)][::-1]
+        return self.pad(tuple([None] * (self.ndim - len(pairs)) + pairs), value)
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        """out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (torch.gather; differentiable in self)."""
+        d = self._resolve_dim(dim)
+        if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
+            raise TypeError(f"gather needs an integer index Tensor, got {getattr(index, 'dtype', type(index))}")
+        if index.ndim != self.ndim or any(i > s for a, (i, s) in enumerate(zip(index.shape, self.shape)) if a != d):
+            raise ValueError(f"gather index of shape {index.shape} does not fit tensor of shape {self.shape} on {d}")
+        n = self.shape[d]
+        x = self.shrink(tuple(None if a == d else (0, i) for a, i in enumerate(index.shape)))
+        x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
+        idx = (index < 0).where(index + n, index)
+        hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
+        return hit.where(x, 0).sum(-1).cast(self.dtype)
+
+    def masked_fill(self, mask: Tensor, value: Union[Tensor, ConstType]) -> Tensor:
+        """`value` where `mask` is True, else self."""
+        return mask.where(value, self)
 
     # ***** reductions *****
 
@@ -638,7 +928,9 @@ class Tensor:
         return m - ss.log()
 
     def logsumexp(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
+        """log(sum(exp(x))) computed stably; an infinite max is not subtracted (so inf stays inf, -inf stays -inf)."""
         m = self.max(axis=axis, keepdim=True)
+        m = (m.abs() == math.inf).where(0, m).detach()
         ret = (self - m).exp().sum(axis=axis, keepdim=True).log() + m
         return ret if keepdim else ret.reshape(self.max(axis=axis).shape)
 
@@ -648,7 +940,7 @@ class Tensor:
             return self.flatten().argmax(0)
         ax = self._resolve_dim(axis)
         n = self.shape[ax]
-        is_max = self == self.max(axis=ax, keepdim=True)
+        is_max = (self == self.max(axis=ax, keepdim=True)) | (self != self)  # NaN is the max, as in numpy
         idx = Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(
             (n,) + (1,) * (self.ndim - ax - 1)
         )
@@ -670,7 +962,7 @@ class Tensor:
         if n == 0:
             return self
         lower = Tensor.ones(n, n, dtype=dtypes.bool, device=self.device).tril()
-        ret = (x.unsqueeze(-2) * lower.cast(x.dtype)).sum(-1)
+        ret = lower.where(x.unsqueeze(-2), 0).sum(-1)  # where, not a multiply: inf * 0 would be NaN
         return ret.transpose(ax, -1)
 
     def triu(self, k: int = 0) -> Tensor:
@@ -713,6 +1005,253 @@ class Tensor:
         for f in ll:
             x = f(x)
         return x
+
+    @staticmethod
+    def einsum(formula: str, *raw_xs: Any, acc_dtype: Optional[DType] = None) -> Tensor:
+        """Einstein summation as numpy's: "ij,jk->ik", implicit output, repeated letters (diagonals), "..."."""
+        xs: list[Tensor] = (
+            list(raw_xs[0]) if len(raw_xs) == 1 and isinstance(raw_xs[0], (list, tuple)) else list(raw_xs)
+        )
+        formula = formula.replace(" ", "")
+        lhs, arrow, rhs = formula.partition("->")
+        terms = lhs.split(",")
+        if len(terms) != len(xs) or not xs:
+            raise ValueError(f"einsum {formula!r} names {len(terms)} operands, got {len(xs)} tensors")
+        free = [c for c in string.ascii_letters if c not in formula]
+        n_ell = max((x.ndim - len(t.replace("...", "")) for t, x in zip(terms, xs) if "..." in t), default=0)
+        ell = "".join(free[: max(n_ell, 0)])
+        terms = [
+            t.replace("...", ell[len(ell) - (x.ndim - len(t) + 3) :]) if "..." in t else t for t, x in zip(terms, xs)
+        ]
+        letters = "".join(terms)
+        if arrow:
+            if ell and "..." not in rhs:
+                raise ValueError(f"einsum {formula!r}: the output must keep the '...' axes (as numpy's)")
+            out = rhs.replace("...", ell)
+        else:
+            out = ell + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+        sizes: dict[str, sint] = {}
+        for t, x in zip(terms, xs):
+            if not t.isalpha() or len(t) != x.ndim:
+                raise ValueError(f"einsum term {t!r} does not fit a tensor of shape {x.shape}")
+            for c, n in zip(t, x.shape):
+                if sizes.get(c, n) != n and n != 1 and not (c in ell and sizes[c] == 1):
+                    raise ValueError(f"einsum: index {c!r} has sizes {sizes[c]} and {n} in {formula!r}")
+                sizes[c] = n if sizes.get(c, 1) == 1 else sizes[c]
+        if len(set(out)) != len(out) or any(c not in sizes for c in out):
+            raise ValueError(f"einsum output {rhs!r} must name distinct indices of the inputs")
+        order = list(out) + sorted(set(sizes) - set(out))  # output indices first: the rest are summed away
+        aligned = []
+        for t, x in zip(terms, xs):
+            while len(set(t)) != len(t):  # a repeated index takes the diagonal
+                c = next(c for c in t if t.count(c) > 1)
+                a1, a2 = t.index(c), t.index(c, t.index(c) + 1)
+                x, t = x._diagonal(a1, a2), t[:a1] + t[a1 + 1 : a2] + t[a2 + 1 :] + c
+            present = sorted(t, key=order.index)
+            x = x.permute([t.index(c) for c in present])
+            aligned.append(x.reshape(tuple(x.shape[present.index(c)] if c in t else 1 for c in order)))
+        prod_ = functools.reduce(Tensor.mul, aligned)
+        summed = tuple(range(len(out), len(order)))
+        ret = prod_.sum(summed, acc_dtype=acc_dtype) if summed else prod_
+        return ret.cast(acc_dtype or least_upper_dtype(*[x.dtype for x in xs]))
+
+    def _diagonal(self, a1: int, a2: int) -> Tensor:
+        """The diagonal of axes a1 and a2 (same size n) as the last axis."""
+        n = self.shape[a1]
+        x = self.permute([a for a in range(self.ndim) if a not in (a1, a2)] + [a1, a2])
+        x = x.flatten(-2).pad(tuple([None] * (x.ndim - 2) + [(0, n)]))
+        return x.reshape(x.shape[:-1] + (n, n + 1)).shrink(tuple([None] * (x.ndim - 1) + [None, (0, 1)]))[..., 0]
+
+    # ***** sliding windows: pooling and convolution *****
+
+    def _window(self, ax: int, k: int, stride: int, dilation: int) -> Tensor:
+        """Axis `ax` (size n) becomes the window positions; a new last axis holds each window's k taps."""
+        n = self.shape[ax]
+        o = (n - dilation * (k - 1) - 1) // stride + 1
+        if k < 1 or stride < 1 or dilation < 1 or o < 1:
+            raise ValueError(
+                f"a window of {k} taps (dilation {dilation}, stride {stride}) does not fit an axis of size {n}"
+            )
+        m = self.ndim - 1
+        x = self.permute([a for a in range(self.ndim) if a != ax] + [ax])
+        # k copies of the axis laid end to end, read in rows of n + dilation: row j starts at tap j's offset
+        copies = -(-k * (n + dilation) // n)
+        x = x.unsqueeze(-2).expand(x.shape[:-1] + (copies, n)).flatten(-2)
+        x = x.shrink(tuple([None] * m + [(0, k * (n + dilation))])).reshape(x.shape[:-1] + (k, n + dilation))
+        x = x.shrink(tuple([None] * (m + 1) + [(0, (o - 1) * stride + 1)]))
+        if stride > 1:
+            x = x.pad(tuple([None] * (m + 1) + [(0, stride - 1)])).reshape(x.shape[:-1] + (o, stride))[..., 0]
+        return x.permute(list(range(ax)) + [m + 1] + list(range(ax, m)) + [m])
+
+    def _pool(self, kernel: tuple[int, ...], stride: Union[int, tuple[int, ...]] = 1, dilation: Any = 1) -> Tensor:
+        """Windows over the last len(kernel) axes: (..., *spatial) -> (..., *positions, *kernel)."""
+        nk = len(kernel)
+        if self.ndim < nk:
+            raise ValueError(f"a {nk}-d window needs a tensor of at least {nk} dimensions, got shape {self.shape}")
+        strides, dilations = make_pair(stride, nk), make_pair(dilation, nk)
+        if len(strides) != nk or len(dilations) != nk:
+            raise ValueError(f"stride {stride} and dilation {dilation} must be ints or {nk}-tuples")
+        x = self
+        for i, (k, st, d) in enumerate(zip(kernel, strides, dilations)):
+            x = x._window(self.ndim - nk + i, k, st, d)
+        return x
+
+    def avg_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1) -> Tensor:
+        k = make_pair(kernel_size)
+        return self._pool(k, k if stride is None else stride, dilation).mean(tuple(range(-len(k), 0)))
+
+    def max_pool2d(self, kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1) -> Tensor:
+        k = make_pair(kernel_size)
+        return self._pool(k, k if stride is None else stride, dilation).max(tuple(range(-len(k), 0)))
+
+    def conv2d(
+        self,
+        weight: Tensor,
+        bias: Optional[Tensor] = None,
+        groups: int = 1,
+        stride: Any = 1,
+        dilation: Any = 1,
+        padding: Any = 0,
+        acc_dtype: Optional[DType] = None,
+    ) -> Tensor:
+        """Cross-correlation of (N, Cin, *spatial) with weight (Cout, Cin/groups, *kernel), any number of spatial axes.
+
+        padding: an int, one per spatial axis, or (left, right, top, bottom, ...) pairs from the last axis back."""
+        nd = weight.ndim - 2
+        if nd < 1 or self.ndim != weight.ndim:
+            raise ValueError(
+                f"conv2d needs input (N, C, *spatial) and weight (Cout, C/groups, *kernel) of the same rank, "
+                f"got {self.shape} and {weight.shape}"
+            )
+        if isinstance(padding, int):
+            pads = [(padding, padding)] * nd
+        elif len(padding) == nd:
+            pads = [(p, p) for p in padding]
+        elif len(padding) == 2 * nd:
+            pads = [(padding[k], padding[k + 1]) for k in range(0, 2 * nd, 2)][::-1]
+        else:
+            raise ValueError(f"conv2d padding must be an int, {nd} ints or {2 * nd} ints, got {padding}")
+        return self._conv(weight, bias, groups, stride, dilation, pads, acc_dtype)
+
+    def _conv(
+        self,
+        weight: Tensor,
+        bias: Optional[Tensor],
+        groups: int,
+        stride: Any,
+        dilation: Any,
+        pads: list[tuple[int, int]],
+        acc_dtype: Optional[DType],
+    ) -> Tensor:
+        (bs, cin_all), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        nd = len(kernel)
+        if groups < 1 or groups * cin != cin_all or cout % groups:
+            raise ValueError(
+                f"conv2d: input channels {cin_all} must equal groups ({groups}) x weight channels ({cin}), and "
+                f"output channels {cout} must divide by groups"
+            )
+        x = self.pad(((0, 0), (0, 0), *pads))._pool(kernel, stride, dilation)  # (N, Cin, *out, *kernel)
+        out_sp = x.shape[2 : 2 + nd]
+        x = x.reshape(bs, groups, 1, cin, *out_sp, *kernel)
+        w = weight.reshape(1, groups, cout // groups, cin, *([1] * nd), *kernel)
+        axes = (3, *range(4 + nd, 4 + 2 * nd))
+        out = (x * w).sum(axes, acc_dtype=acc_dtype).cast(acc_dtype or least_upper_dtype(x.dtype, w.dtype))
+        out = out.reshape(bs, cout, *out_sp)
+        return out if bias is None else out + bias.reshape(1, -1, *([1] * nd))
+
+    def conv_transpose2d(
+        self,
+        weight: Tensor,
+        bias: Optional[Tensor] = None,
+        groups: int = 1,
+        stride: Any = 1,
+        dilation: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+    ) -> Tensor:
+        """The transpose (gradient) of conv2d: input (N, Cin, *spatial), weight (Cin, Cout/groups, *kernel)."""
+        kernel = weight.shape[2:]
+        nd = len(kernel)
+        cin, rcout = weight.shape[:2]
+        if self.ndim != weight.ndim or self.shape[1] != cin or groups < 1 or cin % groups:
+            raise ValueError(
+                f"conv_transpose2d: input {self.shape} and weight {weight.shape} with groups={groups} "
+                "do not fit: weight is (Cin, Cout/groups, *kernel)"
+            )
+        strides, dils = make_pair(stride, nd), make_pair(dilation, nd)
+        pads, out_pads = make_pair(padding, nd), make_pair(output_padding, nd)
+        if any(op >= max(s, d) or op < 0 for op, s, d in zip(out_pads, strides, dils)):
+            raise ValueError(f"output_padding {output_padding} must be >= 0 and smaller than the stride or dilation")
+        w = weight.reshape(groups, cin // groups, rcout, *kernel).transpose(1, 2)
+        w = w.reshape(groups * rcout, cin // groups, *kernel).flip(tuple(range(2, 2 + nd)))
+        x = self
+        for i, s in enumerate(strides):  # spread the input: s - 1 zeros between neighbours
+            if s > 1:
+                ax, n = 2 + i, self.shape[2 + i]
+                x = x.unsqueeze(ax + 1).pad(tuple((0, s - 1) if a == ax + 1 else None for a in range(x.ndim + 1)))
+                x = x.flatten(ax, ax + 1)
+                x = x.shrink(tuple((0, (n - 1) * s + 1) if a == ax else None for a in range(x.ndim)))
+        full = [d * (k - 1) - p for k, d, p in zip(kernel, dils, pads)]
+        return x._conv(w, bias, groups, 1, dils, [(f, f + op) for f, op in zip(full, out_pads)], None)
+
+    # ***** normalization, dropout, attention, losses *****
+
+    def layernorm(self, axis: Union[int, Sequence[int]] = -1, eps: float = 1e-5) -> Tensor:
+        """(x - mean) / sqrt(var + eps) over `axis` (no affine part)."""
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
+
+    def batchnorm(
+        self,
+        weight: Optional[Tensor],
+        bias: Optional[Tensor],
+        mean: Tensor,
+        invstd: Tensor,
+        axis: Union[int, tuple[int, ...]] = 1,
+    ) -> Tensor:
+        """(x - mean) * invstd * weight + bias, the statistics laid along `axis`."""
+        axes = tuple(self._resolve_dim(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        x = self - mean.reshape(shape)
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        ret = x * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
+        return ret + bias.reshape(shape) if bias is not None else ret
+
+    def dropout(self, p: float = 0.5) -> Tensor:
+        """In training, zero each element with probability p and scale the rest by 1/(1-p); else the identity."""
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        if not Tensor.training or p == 0:
+            return self
+        keep = Tensor.rand(*self.shape, device=self.device) >= p
+        return keep.where(self * (1 / (1 - p) if p < 1 else 1.0), 0)
+
+    def scaled_dot_product_attention(
+        self,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Optional[Tensor] = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+    ) -> Tensor:
+        """softmax(q k^T / sqrt(d) + mask) v; a bool mask keeps where True, a float mask is added."""
+        if is_causal:
+            if attn_mask is not None:
+                raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both")
+            attn_mask = Tensor.ones(self.shape[-2], key.shape[-2], dtype=dtypes.bool, device=self.device).tril()
+        qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
+        if attn_mask is not None:
+            qk = attn_mask.where(qk, -math.inf) if attn_mask.dtype == dtypes.bool else qk + attn_mask
+        return qk.softmax(-1).dropout(dropout_p) @ value
+
+    def binary_crossentropy(self, y: Tensor) -> Tensor:
+        """Mean of -(y log p + (1 - y) log(1 - p)) for probabilities p = self."""
+        return (-y * self.log() - (1 - y) * (1 - self).log()).mean()
+
+    def binary_crossentropy_logits(self, y: Tensor) -> Tensor:
+        """binary_crossentropy of sigmoid(self), computed stably from the logits."""
+        return (self.maximum(0) - y * self + (1 + (-self.abs()).exp()).log()).mean()
 
     def one_hot(self, num_classes: int) -> Tensor:
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
@@ -774,6 +1313,10 @@ class Tensor:
     def gelu(self) -> Tensor:
         return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())
 
+    def lerp(self, end: Union[Tensor, ConstType], weight: Union[Tensor, ConstType]) -> Tensor:
+        """self + (end - self) * weight."""
+        return self + (end - self) * weight
+
     def leakyrelu(self, neg_slope: float = 0.01) -> Tensor:
         return self.relu() - (-neg_slope * self).relu()
 
@@ -784,6 +1327,10 @@ class Tensor:
         return self * self
 
     def abs(self) -> Tensor:
+        if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
+            return self
+        if dtypes.is_int(self.dtype):  # numpy's: the most negative value stays as it is
+            return (self < 0).where(-self, self)
         return self.relu() + (-self).relu()
 
     def sign(self) -> Tensor:
@@ -795,20 +1342,97 @@ class Tensor:
         x = self.maximum(min_) if min_ is not None else self
         return x.minimum(max_) if max_ is not None else x
 
-    def trunc(self) -> Tensor:
+    def _step(self, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        """fn(self) for a step function fn (integer in, itself out): the gradient is 0, like torch's."""
         if not dtypes.is_float(self.dtype):
             return self
-        # values this large are integers already; NaN and inf stay as they are
-        keep = (self.abs() >= 2 ** (23 if self.dtype != dtypes.float64 else 52)) | (self != self)
-        return keep.where(self, self.cast(dtypes.int64).cast(self.dtype))
+        return F.ZeroGradient.apply(self, value=fn(self.detach()).lazydata)
+
+    def trunc(self) -> Tensor:
+        """Round toward zero (NaN and inf stay as they are)."""
+
+        def trunc(x: Tensor) -> Tensor:
+            # values this large are integers already
+            keep = (x.abs() >= 2 ** (23 if x.dtype != dtypes.float64 else 52)) | (x != x)
+            return keep.where(x, x.cast(dtypes.int64).cast(x.dtype))
+
+        return self._step(trunc)
 
     def floor(self) -> Tensor:
-        b = self.trunc()
-        return (self < b).where(b - 1, b)
+        return self._step(lambda x: (x < (b := x.trunc())).where(b - 1, b))
 
     def ceil(self) -> Tensor:
-        b = self.trunc()
-        return (self > b).where(b + 1, b)
+        return self._step(lambda x: (x > (b := x.trunc())).where(b + 1, b))
+
+    def round(self) -> Tensor:
+        """Round to the nearest integer, halves to even (numpy's round)."""
+
+        def half_to_even(x: Tensor) -> Tensor:
+            f = x.floor()
+            frac = x - f  # exact: floor(x) is within 1 of x
+            odd = (f - (f * 0.5).floor() * 2) == 1
+            return (frac > 0.5).where(f + 1, (frac < 0.5).where(f, odd.where(f + 1, f)))
+
+        return self._step(half_to_even)
+
+    def relu6(self) -> Tensor:
+        return self.relu() - (self - 6).relu()
+
+    def hardtanh(self, min_val: float = -1, max_val: float = 1) -> Tensor:
+        return self.clip(min_val, max_val)
+
+    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+        return (alpha * self + beta).relu() - (alpha * self + beta - 1).relu()
+
+    def hardswish(self) -> Tensor:
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def elu(self, alpha: float = 1.0) -> Tensor:
+        return self.relu() - alpha * (1 - self.exp()).relu()
+
+    def celu(self, alpha: float = 1.0) -> Tensor:
+        return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+
+    def quick_gelu(self) -> Tensor:
+        return self * (self * 1.702).sigmoid()
+
+    def silu(self) -> Tensor:
+        return self * self.sigmoid()
+
+    def swish(self) -> Tensor:
+        return self.silu()
+
+    def softplus(self, beta: float = 1) -> Tensor:
+        """log(1 + exp(beta * x)) / beta, computed without overflow for large x."""
+        bx = self * beta
+        m = bx.relu().detach()  # any shift gives the same value and gradient; this one keeps exp() <= 1
+        return (m + ((-m).exp() + (bx - m).exp()).log()) * (1 / beta)
+
+    def mish(self) -> Tensor:
+        return self * self.softplus().tanh()
+
+    def softsign(self) -> Tensor:
+        return self / (1 + self.abs())
+
+    def sinh(self) -> Tensor:
+        return (self.exp() - self.neg().exp()) / 2
+
+    def cosh(self) -> Tensor:
+        return (self.exp() + self.neg().exp()) / 2
+
+    def atanh(self) -> Tensor:
+        return ((1 + self) / (1 - self)).log() / 2
+
+    def asinh(self) -> Tensor:
+        # odd: computed on |x|, where x + sqrt(x^2 + 1) does not cancel; log(2|x|) where x^2 would overflow
+        a = self.abs()
+        big = a > 1e18
+        small = (a + (a.square() + 1).sqrt()).log()
+        return self.sign() * big.where(a.log() + math.log(2), small)
+
+    def acosh(self) -> Tensor:
+        big = self > 1e18
+        return big.where(self.log() + math.log(2), (self + (self.square() - 1).sqrt()).log())
 
     # ***** binary math *****
 
@@ -917,8 +1541,39 @@ class Tensor:
         shape = _broadcast_shape(cond.shape, x.shape)
         return F.Where.apply(cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape))
 
+    def _bitwise(self, x: Union[Tensor, ConstType], op: BinaryOps, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if not (dtypes.is_int(a.dtype) or a.dtype == dtypes.bool):
+            raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {a.dtype}")
+        return F.Bitwise.apply(a, b, op=op)
+
     def xor(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-        return F.Xor.apply(*self._broadcasted(x, reverse))
+        """Bitwise exclusive or of integers or bools."""
+        return self._bitwise(x, BinaryOps.XOR, reverse)
+
+    def bitwise_and(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
+        return self._bitwise(x, BinaryOps.AND, reverse)
+
+    def bitwise_or(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
+        return self._bitwise(x, BinaryOps.OR, reverse)
+
+    def _shift(self, x: Union[Tensor, ConstType], op: BinaryOps, reverse: bool) -> Tensor:
+        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x < 0:
+            raise ValueError(f"cannot shift by a negative amount ({x})")
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype == dtypes.bool:  # numpy shifts bools as integers
+            a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+        if not dtypes.is_int(a.dtype):
+            raise TypeError(f"shifts need integer or bool tensors, got {a.dtype}")
+        return F.Bitwise.apply(a, b, op=op)
+
+    def lshift(self, x: Union[Tensor, int], reverse: bool = False) -> Tensor:
+        """Shift the bits left (numpy's <<); shifting by the bit width or more gives 0."""
+        return self._shift(x, BinaryOps.SHL, reverse)
+
+    def rshift(self, x: Union[Tensor, int], reverse: bool = False) -> Tensor:
+        """Shift the bits right (numpy's >>): arithmetic for signed integers, so -8 >> 1 is -4."""
+        return self._shift(x, BinaryOps.SHR, reverse)
 
     def __invert__(self) -> Tensor:
         if self.dtype == dtypes.bool:
@@ -954,16 +1609,28 @@ class Tensor:
         return (self == x).logical_not()
 
     def __or__(self, x: Union[Tensor, ConstType]) -> Tensor:
-        a, b = self._broadcasted(x)
-        if a.dtype != dtypes.bool:
-            raise TypeError(f"| is only supported on bool tensors here, got {a.dtype}")
-        return (a.cast(dtypes.uint8) + b.cast(dtypes.uint8)) != 0
+        return self.bitwise_or(x)
 
     def __and__(self, x: Union[Tensor, ConstType]) -> Tensor:
-        a, b = self._broadcasted(x)
-        if a.dtype != dtypes.bool:
-            raise TypeError(f"& is only supported on bool tensors here, got {a.dtype}")
-        return F.Mul.apply(a, b)
+        return self.bitwise_and(x)
+
+    def __ror__(self, x: Union[Tensor, ConstType]) -> Tensor:
+        return self.bitwise_or(x, reverse=True)
+
+    def __rand__(self, x: Union[Tensor, ConstType]) -> Tensor:
+        return self.bitwise_and(x, reverse=True)
+
+    def __lshift__(self, x: Union[Tensor, int]) -> Tensor:
+        return self.lshift(x)
+
+    def __rshift__(self, x: Union[Tensor, int]) -> Tensor:
+        return self.rshift(x)
+
+    def __rlshift__(self, x: Union[Tensor, int]) -> Tensor:
+        return self.lshift(x, reverse=True)
+
+    def __rrshift__(self, x: Union[Tensor, int]) -> Tensor:
+        return self.rshift(x, reverse=True)
 
     def __neg__(self) -> Tensor:
         return self.neg()
@@ -1034,6 +1701,33 @@ class Tensor:
     def __itruediv__(self, x: Any) -> Tensor:
         return self.assign(self.div(x))
 
+    def __ifloordiv__(self, x: Any) -> Tensor:
+        return self.assign(self.floordiv(x))
+
+    def __imod__(self, x: Any) -> Tensor:
+        return self.assign(self.mod(x))
+
+    def __ipow__(self, x: Any) -> Tensor:
+        return self.assign(self.pow(x))
+
+    def __imatmul__(self, x: Tensor) -> Tensor:
+        return self.assign(self.matmul(x))
+
+    def __ixor__(self, x: Any) -> Tensor:
+        return self.assign(self.xor(x))
+
+    def __iand__(self, x: Any) -> Tensor:
+        return self.assign(self.bitwise_and(x))
+
+    def __ior__(self, x: Any) -> Tensor:
+        return self.assign(self.bitwise_or(x))
+
+    def __ilshift__(self, x: Any) -> Tensor:
+        return self.assign(self.lshift(x))
+
+    def __irshift__(self, x: Any) -> Tensor:
+        return self.assign(self.rshift(x))
+
     # ***** casting *****
 
     def cast(self, dtype: Union[DType, str]) -> Tensor:
@@ -1057,6 +1751,45 @@ class Tensor:
 
     def bool(self) -> Tensor:
         return self.cast(dtypes.bool)
+
+
+_RAND_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 32}
+_THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+
+
+def _uint32_range(n: int, device: str) -> Tensor:
+    """0, 1, ..., n-1 as uint32 on `device`, built from two short host ranges (about 2*sqrt(n) values)."""
+    cols = math.isqrt(max(n - 1, 0)) + 1
+    rows = -(-n // cols)
+    high = Tensor(np.arange(rows, dtype=np.uint32) * np.uint32(cols), device=device).reshape(rows, 1)
+    low = Tensor(np.arange(cols, dtype=np.uint32), device=device).reshape(1, cols)
+    return (high + low).flatten().shrink(((0, n),))
+
+
+def _threefry2x32(x0: Tensor, x1: Tensor, key: int) -> tuple[Tensor, Tensor]:
+    """Threefry-2x32 with 20 rounds (Salmon et al., SC 2011) of the uint32 counter pairs (x0, x1) under a 64-bit key."""
+    k0, k1 = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
+    ks = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for r in range(20):
+        x0 = x0 + x1
+        rot = _THREEFRY_ROTATIONS[r % 8]
+        x1 = ((x1 << rot) | (x1 >> (32 - rot))) ^ x0
+        if r % 4 == 3:  # inject the key every four rounds
+            i = r // 4 + 1
+            x0, x1 = x0 + ks[i % 3], x1 + ((ks[(i + 1) % 3] + i) & 0xFFFFFFFF)
+    return x0, x1
+
+
+@dataclasses.dataclass
+class _IndexPlan:
+    """An index, parsed: per axis the shrink, flip and stride of its basic part; the advanced index tensors."""
+
+    shrink: list[tuple[sint, sint]] = dataclasses.field(default_factory=list)
+    flips: list[bool] = dataclasses.field(default_factory=list)
+    strides: list[int] = dataclasses.field(default_factory=list)
+    out_shape: list[sint] = dataclasses.field(default_factory=list)
+    advanced: list[tuple[int, Tensor]] = dataclasses.field(default_factory=list)
 
 
 def _shape(shape: tuple[Any, ...]) -> tuple[sint, ...]:
