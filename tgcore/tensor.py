@@ -1509,6 +1509,14 @@ class Tensor:
         return self._divmod(x, reverse)[1]
 
     def pow(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
+        """self ** x; an integer tensor to a Python int power stays an integer (exact, wrapping like numpy)."""
+        if not reverse and dtypes.is_int(self.dtype) and isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            if x < 0:
+                raise ValueError(f"integers to negative integer powers are not allowed (got ** {x}); use floats")
+            ret, square, n = self.ones_like(), self, int(x)
+            while n:  # binary exponentiation
+                ret, square, n = (ret * square if n & 1 else ret), (square * square if n > 1 else square), n >> 1
+            return ret
         base, exponent = self._broadcasted(x, reverse)
         if not dtypes.is_float(base.dtype):
             base, exponent = base.cast(dtypes.default_float), exponent.cast(dtypes.default_float)

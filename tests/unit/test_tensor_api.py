@@ -156,6 +156,18 @@ def test_rand_same_on_clang() -> None:
     np.testing.assert_array_equal(py, cl)
 
 
+def test_rand_in_tinyjit_draws_fresh_numbers() -> None:
+    from tgcore import TinyJit
+
+    @TinyJit
+    def noisy(x: Tensor) -> Tensor:
+        return (x + Tensor.rand(6)).realize()
+
+    x = Tensor.zeros(6).contiguous().realize()
+    outs = [noisy(x).numpy().copy() for _ in range(4)]  # run, capture, then two replays
+    assert len({o.tobytes() for o in outs}) == 4 and all((o >= 0).all() and (o < 1).all() for o in outs)
+
+
 def test_randn_normal_kaiming() -> None:
     Tensor.manual_seed(5)
     z = Tensor.randn(5000).numpy()
@@ -573,6 +585,30 @@ def test_unary_on_ints_and_halves() -> None:
     exact(Tensor(np.int32([-7, 3, 9])).relu6(), np.int32([0, 3, 6]), dtypes.int32)
     exact(Tensor(np.uint8([0, 5, 255])).abs(), np.uint8([0, 5, 255]), dtypes.uint8)
     exact(Tensor(np.int8([-128, -5, 5])).abs(), np.abs(np.int8([-128, -5, 5])), dtypes.int8)
+
+
+def test_integer_pow() -> None:
+    # an integer tensor to a Python int power stays an integer, exact and wrapping (tinygrad's dtype, numpy's values)
+    exact(Tensor([1, 2, 3]) ** 2, np.int32([1, 4, 9]), dtypes.int32)
+    exact(Tensor([3, -2, 5]) ** 0, np.int32([1, 1, 1]), dtypes.int32)
+    exact(Tensor(np.int64([3, -2])) ** 39, np.int64([3, -2]) ** 39, dtypes.int64)
+    exact(Tensor(np.uint8([3, 200])) ** 5, np.uint8([3, 200]) ** 5, dtypes.uint8)
+    with pytest.raises(ValueError):
+        Tensor([2]) ** -1
+    close(Tensor([2, 4]) ** 0.5, np.sqrt(np.float32([2, 4])), dtype=dtypes.float32)
+    close(2 ** Tensor([1, 3]), np.float32([2, 8]), dtype=dtypes.float32)
+
+
+def test_bfloat16_ops() -> None:
+    a = np.float32([[1.5, -2.0, 3.25], [0.5, 8.0, -1.0]])
+    t = Tensor(a, dtype=dtypes.bfloat16)
+    assert t.dtype == dtypes.bfloat16
+    cases = [(t + t, a + a), (t * 2, a * 2), (t.max(1), a.max(1)), (t[[1, 0], 1:], a[[1, 0], 1:]),
+             (t.relu(), np.maximum(a, 0)), (t.cat(t), np.concatenate([a, a])), (t.sum(), a.sum())]  # fmt: skip
+    for got, expect in cases:
+        assert got.dtype == dtypes.bfloat16
+        close(got, expect, rtol=1e-2)
+    close(t.exp(), np.exp(a), rtol=2e-2)  # x / ln 2 is rounded to bfloat16 before exp2: a few ulp
 
 
 def test_lerp() -> None:
