@@ -1425,14 +1425,18 @@ class Tensor:
 
     def asinh(self) -> Tensor:
         # odd: computed on |x|, where x + sqrt(x^2 + 1) does not cancel; log(2|x|) where x^2 would overflow
-        a = self.abs()
+        # each branch only sees inputs it is selected for, so the other's gradient is 0, not 0 * inf
+        neg = self < 0
+        a = neg.where(-self, self)
         big = a > 1e18
-        small = (a + (a.square() + 1).sqrt()).log()
-        return self.sign() * big.where(a.log() + math.log(2), small)
+        small = big.where(0, a)
+        ret = big.where(a.maximum(1).log() + math.log(2), (small + (small.square() + 1).sqrt()).log())
+        return neg.where(-ret, ret)
 
     def acosh(self) -> Tensor:
         big = self > 1e18
-        return big.where(self.log() + math.log(2), (self + (self.square() - 1).sqrt()).log())
+        small = big.where(2, self)
+        return big.where(self.maximum(1).log() + math.log(2), (small + (small.square() - 1).sqrt()).log())
 
     # ***** binary math *****
 

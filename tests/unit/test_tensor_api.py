@@ -570,6 +570,15 @@ def test_unary_grad(name: str) -> None:
     check_grad(fn, np_fn, x)
 
 
+def test_inverse_hyperbolic_gradients_at_edges() -> None:
+    x = Tensor([0.0, 1e30, -1e30, -0.5], requires_grad=True)
+    x.asinh().sum().backward()
+    close(x.grad, np.float32([1, 1e-30, 1e-30, 1 / np.sqrt(1.25)]), rtol=1e-5, atol=0)
+    y = Tensor([1.5, 1e30], requires_grad=True)
+    y.acosh().sum().backward()
+    close(y.grad, np.float32([1 / np.sqrt(1.25), 1e-30]), rtol=1e-5, atol=0)
+
+
 def test_step_functions_have_zero_gradient() -> None:
     for fn in (Tensor.floor, Tensor.ceil, Tensor.round, Tensor.trunc):
         x = Tensor([1.5, -0.4], requires_grad=True)
