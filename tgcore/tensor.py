@@ -437,17 +437,24 @@ class Tensor:
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, **kwargs: Any) -> Tensor:
+        """Uniform in [low, high)."""
         dtype = kwargs.pop("dtype", dtypes.default_float)
-        return ((high - low) * Tensor.rand(*shape, **kwargs) + low).cast(dtype)
+        requires_grad = kwargs.pop("requires_grad", None)
+        r = Tensor.rand(*shape, **kwargs)
+        return Tensor._random_leaf(((high - low) * r + low).cast(dtype), r.device, requires_grad)
 
     @staticmethod
     def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-        return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs) * (prod(_shape(shape)) ** -0.5)
+        """Uniform in [-1, 1) scaled by 1/sqrt(numel)."""
+        bound = prod(_shape(shape)) ** -0.5
+        return Tensor.uniform(*shape, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
+        """Uniform with Glorot's bound sqrt(6 / (fan_in + fan_out))."""
         s = _shape(shape)
-        return Tensor.uniform(*s, low=-1.0, high=1.0, **kwargs) * ((6 / (s[0] + prod(s[1:]))) ** 0.5)
+        bound = (6 / (s[0] + prod(s[1:]))) ** 0.5
+        return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
 
     def multinomial(self, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Draw category indices (int32) in proportion to the weights on the last axis (1-d or 2-d self)."""
@@ -803,7 +810,7 @@ class Tensor:
 
     def stack(self: Union[Tensor, Sequence[Tensor]], *args: Tensor, dim: int = 0) -> Tensor:
         """Join tensors of one shape along a new axis: `a.stack(b)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
-        tensors = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]
+        tensors: list[Tensor] = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]  # type: ignore[list-item]
         if not tensors:
             raise ValueError("stack needs at least one tensor")
         first, *rest = [t.unsqueeze(dim) for t in tensors]
@@ -847,8 +854,8 @@ class Tensor:
         """Pad (or trim, where negative) the last axes: (left, right, top, bottom, ...) like torch's F.pad."""
         if len(padding) % 2 or len(padding) > 2 * self.ndim:
             raise ValueError(f"pad2d needs pairs of (before, after) for at most {self.ndim} axes, got {padding}")
-        pairs = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)][::-1]
-        return self.pad(tuple([None] * (self.ndim - len(pairs)) + pairs), value)
+        pairs: list[Optional[tuple[int, int]]] = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)]
+        return self.pad(tuple([None] * (self.ndim - len(pairs)) + pairs[::-1]), value)
 
     def gather(self, dim: int, index: Tensor) -> Tensor:
         """out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (torch.gather; differentiable in self)."""
@@ -1059,7 +1066,7 @@ class Tensor:
         """The diagonal of axes a1 and a2 (same size n) as the last axis."""
         n = self.shape[a1]
         x = self.permute([a for a in range(self.ndim) if a not in (a1, a2)] + [a1, a2])
-        x = x.flatten(-2).pad(tuple([None] * (x.ndim - 2) + [(0, n)]))
+        x = x.flatten(-2).pad(tuple([None] * (x.ndim - 2)) + ((0, n),))
         return x.reshape(x.shape[:-1] + (n, n + 1)).shrink(tuple([None] * (x.ndim - 1) + [None, (0, 1)]))[..., 0]
 
     # ***** sliding windows: pooling and convolution *****
@@ -1728,16 +1735,16 @@ class Tensor:
     def __ixor__(self, x: Any) -> Tensor:
         return self.assign(self.xor(x))
 
-    def __iand__(self, x: Any) -> Tensor:
+    def __iand__(self, x: Union[Tensor, ConstType]) -> Tensor:
         return self.assign(self.bitwise_and(x))
 
-    def __ior__(self, x: Any) -> Tensor:
+    def __ior__(self, x: Union[Tensor, ConstType]) -> Tensor:
         return self.assign(self.bitwise_or(x))
 
-    def __ilshift__(self, x: Any) -> Tensor:
+    def __ilshift__(self, x: Union[Tensor, int]) -> Tensor:
         return self.assign(self.lshift(x))
 
-    def __irshift__(self, x: Any) -> Tensor:
+    def __irshift__(self, x: Union[Tensor, int]) -> Tensor:
         return self.assign(self.rshift(x))
 
     # ***** casting *****

@@ -209,7 +209,12 @@ def test_uniform_family_bounds() -> None:
     assert np.abs(g).max() <= np.sqrt(6 / 50) + 1e-6
     k = Tensor.kaiming_uniform(20, 30, a=0.0).numpy()
     assert np.abs(k).max() <= np.sqrt(3) * np.sqrt(2 / 30) + 1e-6
-    assert Tensor.uniform(3, requires_grad=True).requires_grad
+    for make in (Tensor.uniform, Tensor.scaled_uniform, Tensor.glorot_uniform, Tensor.kaiming_uniform, Tensor.randn,
+                 Tensor.normal, Tensor.kaiming_normal, Tensor.rand):  # fmt: skip
+        leaf = make(3, 2, requires_grad=True)
+        (leaf * 2).sum().backward()
+        assert leaf.requires_grad and leaf.grad is not None, make.__name__
+        exact(leaf.grad, np.full((3, 2), 2, np.float32))
 
 
 def test_multinomial() -> None:
