@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import inspect
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -275,18 +276,28 @@ class Compiled:
 _PARTS = ("tg_renderer", "tg_compiler", "tg_allocator", "tg_runtime")
 
 
+def _probe_instance(spec: DeviceSpec, instance: str) -> Optional[str]:
+    """The spec's probe asked about one instance, when the probe takes an argument (else None: usable)."""
+    try:
+        if not inspect.signature(spec.probe).parameters:
+            return None
+        return spec.probe(instance)
+    except Exception as e:
+        return f"probe raised {type(e).__name__}: {e}"
+
+
 class _Device:
     """`Device["MYDEV"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to."""
 
     def __init__(self) -> None:
         self._instances: dict[str, Compiled] = {}
         self._default: Optional[str] = None
-        self._unavailable: dict[str, str] = {}
+        self._status: dict[str, Optional[str]] = {}  # device or instance name -> None (usable) or why not
         plugins.on_change.append(self._reset)
 
     def _reset(self) -> None:
         self._instances.clear()
-        self._unavailable.clear()
+        self._status.clear()
         self._default = None
 
     @staticmethod
@@ -306,10 +317,17 @@ class _Device:
         return plugins.registry.specs
 
     def status(self, name: str) -> Optional[str]:
-        """None when device `name` is usable here, else the reason it is not."""
-        base = self.canonicalize(name).split(":")[0]
-        if base in self._unavailable:
-            return self._unavailable[base]
+        """None when device (or device instance) `name` is usable here, else the reason it is not."""
+        full = self.canonicalize(name)
+        base = full.split(":")[0]
+        if full != base:
+            if (reason := self.status(base)) is not None:
+                return reason
+            if full not in self._status:
+                self._status[full] = _probe_instance(self.specs()[base], full)
+            return self._status[full]
+        if base in self._status:
+            return self._status[base]
         specs = self.specs()
         if base in plugins.registry.rejected:
             reason = plugins.registry.rejected[base]
@@ -326,8 +344,7 @@ class _Device:
             if reason is None:
                 missing = [p[3:] for p in _PARTS if plugins.part(p, base) is None]
                 reason = f"no plugin provides its {', '.join(missing)}" if missing else None
-        if reason is not None:
-            self._unavailable[base] = reason
+        self._status[base] = reason
         return reason
 
     def __getitem__(self, name: str) -> Compiled:
@@ -335,10 +352,10 @@ class _Device:
         if (inst := self._instances.get(full)) is not None:
             return inst
         base = full.split(":")[0]
-        if (reason := self.status(base)) is not None:
+        if (reason := self.status(full)) is not None:
             raise DeviceUnavailable(f"device {full} is not available: {reason}")
         try:
-            parts = [plugins.part(p, base) for p in _PARTS]
+            parts = [plugins.part(p, base, full) for p in _PARTS]
         except Exception as e:
             raise DeviceUnavailable(f"device {full}: a plugin part raised {type(e).__name__}: {e}") from e
         inst = self._instances[full] = Compiled(full, self.specs()[base], *parts)

@@ -59,7 +59,9 @@ class DeviceSpec:
     name: str  # canonical upper-case name, e.g. "MYDEV"
     api_version: int  # the PLUGIN_API_VERSION the plugin was written for
     priority: int = 0  # the highest-priority available device is the default
-    probe: Callable[[], Optional[str]] = lambda: None  # None when usable here, else why not
+    # None when usable here, else why not; a probe that takes an argument is also asked about each instance
+    # ("MYDEV:1"), so a missing second device is reported before its first use
+    probe: Callable[..., Optional[str]] = lambda: None
     dtypes: tuple[DType, ...] = ALL_DTYPES
     tolerances: dict[DType, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     description: str = ""
@@ -72,21 +74,24 @@ class HookSpecs:
     def tg_register_devices(self, registry: DeviceRegistry) -> None:
         """Add a DeviceSpec for each device this plugin provides: `registry.add(DeviceSpec(...))`."""
 
-    @hookspec(firstresult=True)
-    def tg_renderer(self, device: str) -> Any:
-        """A Renderer instance for `device` (canonical name without `:N`), or None if not this plugin's."""
+    # Each part hook gets `device`, the canonical name without `:N` ("MYDEV"), and may also take `instance`, the
+    # device instance being opened ("MYDEV" or "MYDEV:1"): pluggy passes only the arguments an implementation names.
 
     @hookspec(firstresult=True)
-    def tg_compiler(self, device: str) -> Any:
+    def tg_renderer(self, device: str, instance: str) -> Any:
+        """A Renderer instance for `device`, or None if not this plugin's."""
+
+    @hookspec(firstresult=True)
+    def tg_compiler(self, device: str, instance: str) -> Any:
         """A Compiler instance for `device`, or None."""
 
     @hookspec(firstresult=True)
-    def tg_allocator(self, device: str) -> Any:
-        """An Allocator instance for `device` (one per device instance, e.g. per `MYDEV:1`), or None."""
+    def tg_allocator(self, device: str, instance: str) -> Any:
+        """An Allocator for one device instance (it is asked once per instance), or None."""
 
     @hookspec(firstresult=True)
-    def tg_runtime(self, device: str) -> Any:
-        """The Program class for `device` (called as Program(device, name, lib)), or None."""
+    def tg_runtime(self, device: str, instance: str) -> Any:
+        """The Program class for `device` (called as Program(instance, name, lib)), or None."""
 
 
 class DeviceRegistry:
@@ -209,10 +214,10 @@ class PluginManager:
         record.devices = sorted((set(self.registry.specs) - before_ok) | (set(self.registry.rejected) - before_bad))
         return record
 
-    def part(self, hook: str, device: str) -> Any:
-        """The first answer of part hook `hook` for `device`, or None."""
+    def part(self, hook: str, device: str, instance: Optional[str] = None) -> Any:
+        """The first answer of part hook `hook` for `device` (and its `instance`, default the device itself)."""
         self.load()
-        return getattr(self.pm.hook, hook)(device=device)
+        return getattr(self.pm.hook, hook)(device=device, instance=instance or device)
 
 
 def _name_list(value: Optional[str]) -> Optional[list[str]]:

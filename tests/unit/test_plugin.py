@@ -260,3 +260,41 @@ def test_core_names_no_plugin_device_and_imports_no_plugin():
         env={**os.environ, "TGCORE_PLUGIN_AUTOLOAD": "0"},
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_instances_are_probed_and_parts_see_the_instance(registered):
+    seen: list[str] = []
+
+    def register(registry: Any) -> None:
+        registry.add(
+            DeviceSpec(
+                "INST",
+                PLUGIN_API_VERSION,
+                probe=lambda instance="INST": (
+                    None if instance in ("INST", "INST:1") else f"{instance}: this machine has two INST devices"
+                ),
+            )
+        )
+
+    def allocator(device: str, instance: str) -> Any:
+        if device != "INST":
+            return None
+        seen.append(instance)
+        return MallocAllocator()
+
+    registered(
+        plugin_module(
+            "inst",
+            tg_register_devices=register,
+            tg_allocator=allocator,
+            tg_renderer=lambda device: PythonRenderer() if device == "INST" else None,
+            tg_compiler=lambda device: PythonCompiler() if device == "INST" else None,
+            tg_runtime=lambda device: PythonProgram if device == "INST" else None,
+        )
+    )
+    assert Device.status("INST:1") is None
+    assert Device.status("INST:2") == "INST:2: this machine has two INST devices"
+    with pytest.raises(DeviceUnavailable, match="two INST devices"):
+        Device["INST:2"]
+    Device["INST"], Device["INST:1"]
+    assert seen[-2:] == ["INST", "INST:1"] and "INST:2" not in seen

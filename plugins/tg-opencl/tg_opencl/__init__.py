@@ -1,0 +1,100 @@
+"""tg-opencl: the OPENCL device. Kernels are rendered to OpenCL C, built by the platform's compiler through pyopencl
+into program binaries, and launched on cl.Buffer memory. `CL_PLATFORM` (an index or part of a name) picks the
+platform; its devices are OPENCL, OPENCL:1, ... Without a GPU, PoCL from pip (`tg-opencl[pocl]`) runs it on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tg_opencl.allocator import OpenCLAllocator
+from tg_opencl.cl_platform import DEVICE, OpenCLUnavailable, get_platform
+from tg_opencl.compiler import OpenCLCompiler
+from tg_opencl.renderer import OpenCLRenderer
+from tg_opencl.runtime import OpenCLProgram
+from tgcore.dtype import DType, dtypes
+from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
+
+__version__ = "0.1.0"
+# what every OpenCL device computes; half and double only where every device reports cl_khr_fp16 / cl_khr_fp64
+BASE_DTYPES: tuple[DType, ...] = (
+    dtypes.bool,
+    dtypes.int8,
+    dtypes.uint8,
+    dtypes.int16,
+    dtypes.uint16,
+    dtypes.int32,
+    dtypes.uint32,
+    dtypes.int64,
+    dtypes.uint64,
+    dtypes.float32,
+)
+
+
+def probe(device: str = DEVICE) -> Optional[str]:
+    """None when an OpenCL platform has the device `device` ("OPENCL" or "OPENCL:N"), else why it cannot run here.
+    (The core calls it with no argument, for the device's base name.)"""
+    try:
+        get_platform().index(device)
+    except (OpenCLUnavailable, ValueError) as e:
+        return str(e)
+    return None
+
+
+def device_dtypes() -> tuple[DType, ...]:
+    """The dtypes the platform's devices all compute: the base set, plus half and double where reported."""
+    try:
+        infos = get_platform().infos
+    except OpenCLUnavailable:
+        return BASE_DTYPES
+    extra: list[DType] = []
+    if all(i.fp16 for i in infos):
+        extra.append(dtypes.float16)
+    if all(i.fp64 for i in infos):
+        extra.append(dtypes.float64)
+    return BASE_DTYPES + tuple(extra)
+
+
+def _is_mine(device: str) -> bool:
+    return device.partition(":")[0].upper() == DEVICE
+
+
+@hookimpl
+def tg_register_devices(registry: Any) -> None:
+    try:
+        description = f"OpenCL C through pyopencl on {get_platform().describe()}"
+    except OpenCLUnavailable:
+        description = "OpenCL C through pyopencl (no OpenCL platform here)"
+    registry.add(
+        DeviceSpec(
+            DEVICE, PLUGIN_API_VERSION, priority=30, probe=probe, dtypes=device_dtypes(), description=description
+        )
+    )
+
+
+@hookimpl
+def tg_renderer(device: str) -> Optional[OpenCLRenderer]:
+    if not _is_mine(device):
+        return None
+    try:
+        return OpenCLRenderer(get_platform().infos)
+    except OpenCLUnavailable:  # rendering needs no device: render for OpenCL's guaranteed limits
+        return OpenCLRenderer()
+
+
+@hookimpl
+def tg_compiler(device: str) -> Optional[OpenCLCompiler]:
+    return OpenCLCompiler(get_platform()) if _is_mine(device) else None
+
+
+@hookimpl
+def tg_allocator(device: str) -> Optional[OpenCLAllocator]:
+    if not _is_mine(device):
+        return None
+    platform = get_platform()
+    return OpenCLAllocator(platform, platform.index(device))
+
+
+@hookimpl
+def tg_runtime(device: str) -> Optional[type]:
+    return OpenCLProgram if _is_mine(device) else None

@@ -1,0 +1,242 @@
+"""The OpenCL C dialect of the C-family renderer.
+
+Kernels are `__kernel` functions over `__global` buffers. Where OpenCL C differs from what numpy computes, the
+spelling makes it agree: signed `+ - *` and negation are done on the unsigned type of the same width (signed
+overflow is undefined in OpenCL C as in C) except in index arithmetic, which cannot overflow and is left plain so
+the compiler can optimize addressing; `#pragma OPENCL FP_CONTRACT OFF` stops `a*b+c` from becoming one fused
+rounding, and half computes `/` and the transcendental functions in float. bool buffers are `uchar` (OpenCL C
+allows no bool in kernel arguments); a bool value in the body is a `bool`.
+
+A kernel with no local index, local memory or barrier takes its global index from `get_global_id` and lets the
+driver choose the work-group size. One that has them takes `get_group_id` / `get_local_id` and carries
+`reqd_work_group_size` with the sizes of its local SPECIALs: the runtime reads that attribute back and launches
+`global_size * local_size` work items in groups of `local_size`.
+"""
+
+from __future__ import annotations
+
+import copy
+from enum import Enum
+from typing import Optional, Sequence
+
+from tg_opencl.cl_platform import DeviceInfo
+from tgcore.codegen.uops import UOp, UOps
+from tgcore.dtype import DType, PtrDType, dtypes
+from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tgcore.renderer.cstyle import CStyleLanguage
+
+_INT32_MAX = 2**31 - 1
+_GLOBAL_ID = {"g": lambda dim: f"get_global_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
+_GROUP_ID = {"g": lambda dim: f"get_group_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
+_UNSIGNED = {dtypes.int8: "uchar", dtypes.int16: "ushort", dtypes.int32: "uint", dtypes.int64: "ulong"}
+
+
+class _AddressOps(Enum):
+    """Index arithmetic, which stays within int by construction: it is spelled as plain C, so the compiler keeps
+    its no-overflow assumptions for addressing. Only this renderer's uop rewrite produces these."""
+
+    ADD = BinaryOps.ADD
+    SUB = BinaryOps.SUB
+    MUL = BinaryOps.MUL
+
+
+# the limits OpenCL guarantees to every full-profile device, for rendering where no device can be asked
+_FALLBACK = (256, (256, 256, 256), 32768)
+
+
+class OpenCLRenderer(CStyleLanguage):
+    """OpenCL C; limits and the half / double types come from the devices it renders for."""
+
+    device = "OPENCL"
+    kernel_prefix = "__kernel "
+    buffer_prefix = "__global "
+    smem_prefix = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    float4 = "(float4)"
+    supports_float4 = True
+    has_local = True
+    has_shared = True
+    code_for_workitem = _GLOBAL_ID
+    type_map = {
+        dtypes.bool: "bool",
+        dtypes.int8: "char",
+        dtypes.uint8: "uchar",
+        dtypes.int16: "short",
+        dtypes.uint16: "ushort",
+        dtypes.int32: "int",
+        dtypes.uint32: "uint",
+        dtypes.int64: "long",
+        dtypes.uint64: "ulong",
+        dtypes.float16: "half",
+        dtypes.float32: "float",
+        dtypes.float64: "double",
+    }
+
+    def __init__(self, infos: Sequence[DeviceInfo] = ()) -> None:
+        """Limits are the smallest among `infos` (the devices a program is built for)."""
+        if infos:
+            group = min(i.max_work_group_size for i in infos)
+            dims = min(len(i.max_work_item_sizes) for i in infos)
+            items = tuple(min(i.max_work_item_sizes[d] for i in infos) for d in range(min(dims, 3)))
+            shared = min(i.local_mem_size for i in infos)
+        else:
+            group, items, shared = _FALLBACK
+        self.max_work_group_size = group
+        self.global_max = (_INT32_MAX,) * len(items)  # indices are int
+        self.local_max = tuple(min(s, group) for s in items)
+        self.shared_max = shared
+        self.fp16 = bool(infos) and all(i.fp16 for i in infos)
+        self.fp64 = bool(infos) and all(i.fp64 for i in infos)
+
+    # ***** types and constants *****
+
+    def render_dtype(self, dt: DType) -> str:
+        base = dt.base if isinstance(dt, PtrDType) else dt
+        if isinstance(dt, PtrDType) and base.scalar() == dtypes.bool:
+            return "uchar"  # bool has no defined size in OpenCL C: bool memory is bytes
+        name = self.type_map[base.scalar()]
+        return f"{name}{base.count}" if base.count > 1 else name
+
+    def render_const(self, val: object, dt: DType) -> str:
+        if dt.count > 1:
+            return f"(({self.render_dtype(dt)})({self.render_const(val, dt.scalar())}))"
+        if dt in (dtypes.int64, dtypes.uint64):  # OpenCL C spells 64-bit literals with L, not ll
+            v = int(val)  # type: ignore[call-overload]
+            if v == -(2**63):
+                return "((long)(-9223372036854775807L-1L))"
+            return f"{v}UL" if dt == dtypes.uint64 else f"{v}L"
+        return super().render_const(val, dt)
+
+    def render_bitcast(self, name: str, x: str, dt: DType) -> list[str]:
+        t = self.render_dtype(dt)
+        return [f"{t} {name} = as_{t}({x});"]
+
+    def render_math(self, fn: str, x: str, dt: DType) -> str:
+        if dt.scalar() in (dtypes.float32, dtypes.float64):
+            return f"{fn}({x})"  # OpenCL's math functions are overloaded on the argument type
+        compute = self.float_compute[dt.scalar()]
+        return self.render_cast(f"{fn}({self.render_cast(x, compute)})", dt)
+
+    # ***** ops *****
+
+    def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
+        if isinstance(op, _AddressOps):
+            return super().render_alu(op.value, srcs, dt, src_dt)
+        wrap = _UNSIGNED.get(src_dt.scalar()) if src_dt.scalar() in (dtypes.int32, dtypes.int64) else None
+        if wrap is not None:
+            t, u = self.render_dtype(src_dt), wrap + (str(src_dt.count) if src_dt.count > 1 else "")
+            if op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL):
+                sign = {BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*"}[op]
+                return f"as_{t}(as_{u}({srcs[0]}){sign}as_{u}({srcs[1]}))"
+            if op is UnaryOps.NEG:
+                return f"as_{t}(({u})0-as_{u}({srcs[0]}))"
+            if op is TernaryOps.MULACC:
+                return f"as_{t}(as_{u}({srcs[0]})*as_{u}({srcs[1]})+as_{u}({srcs[2]}))"
+            if op is BinaryOps.DIV:  # x / -1 is a negation, which wraps at the minimum
+                a, b = srcs
+                return f"(({b})==0?0:(({b})==-1?as_{t}(({u})0-as_{u}({a})):({a}/{b})))"
+        if src_dt.scalar() == dtypes.float16 and op in (BinaryOps.DIV, BinaryOps.MOD):
+            # cl_khr_fp16 division need not round correctly: divide in float, which rounds once to half exactly
+            f = self.float_compute[dtypes.float16]
+            a, b = (self.render_cast(s, f) for s in srcs)
+            return self.render_cast(f"({a}/{b})" if op is BinaryOps.DIV else f"fmod({a},{b})", dt)
+        if op is BinaryOps.MOD and dtypes.is_float(src_dt):
+            return f"fmod({srcs[0]},{srcs[1]})"
+        return super().render_alu(op, srcs, dt, src_dt)
+
+    def render_shift(self, op: Op, a: str, b: str, dt: DType) -> str:
+        if op is BinaryOps.SHL and dt.scalar() in _UNSIGNED:
+            # shift the bits as unsigned, then reinterpret: no out-of-range signed conversion
+            bits, t, u = dt.itemsize * 8, self.render_dtype(dt), _UNSIGNED[dt.scalar()]
+            return f"((({b})<0||({b})>={bits})?0:as_{t}(({u})(as_{u}({a})<<({b}))))"
+        return super().render_shift(op, a, b, dt)
+
+    # ***** the kernel *****
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        local_size = [1, 1, 1]
+        grouped = False
+        for u in uops:
+            if u.op is UOps.SPECIAL and u.arg[1].startswith("l"):
+                local_size[u.arg[0]], grouped = u.arg[2], True
+            elif u.op in (UOps.DEFINE_LOCAL, UOps.BARRIER):
+                grouped = True
+        renderer = self
+        if grouped:  # a copy, so that rendering stays free of state on the shared renderer
+            renderer = copy.copy(self)
+            renderer.code_for_workitem = _GROUP_ID
+        # __local arrays must be declared at the kernel's outermost scope: declare them first
+        ordered = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
+        ordered = _mark_address_arithmetic(ordered)
+        src = CStyleLanguage.render(renderer, name, ordered)
+        if grouped:
+            attribute = f"__attribute__((reqd_work_group_size({local_size[0]},{local_size[1]},{local_size[2]})))"
+            src = src.replace(self.kernel_prefix, f"{self.kernel_prefix}{attribute} ", 1)
+        used = {
+            (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar() for u in uops if u.dtype is not None
+        }
+        header = ["#pragma OPENCL FP_CONTRACT OFF"]
+        if dtypes.float16 in used:
+            header.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+        if dtypes.float64 in used:
+            header.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+        return "\n".join(header) + "\n" + src + "\n"
+
+    def render_kernel(
+        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
+    ) -> str:
+        args = [
+            f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}* restrict {n}"
+            if isinstance(dt, PtrDType)
+            else f"{self.arg_int_prefix} {n}"
+            for n, dt, writable in bufs
+        ]
+        body = "\n".join("  " + line for line in kernel)
+        return f"{self.kernel_prefix}void {name}({', '.join(args)}) {{\n{body}\n}}"
+
+
+def _mark_address_arithmetic(uops: list[UOp]) -> list[UOp]:
+    """The uops with each int32 + - * that is index arithmetic given an _AddressOps arg; the rest unchanged.
+
+    Index arithmetic is computed from launch indices, loop variables, symbolic sizes and constants only (no loaded
+    data), and its result is only ever used to index memory, to gate a load or store, to bound a loop or to branch
+    (directly, or through other ALU ops that are)."""
+    users: dict[int, list[tuple[UOp, int]]] = {}
+    from_indices: set[int] = set()
+    for u in uops:
+        if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
+            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
+        ):
+            from_indices.add(id(u))
+        for position, s in enumerate(u.src):
+            users.setdefault(id(s), []).append((u, position))
+    address: set[int] = set()
+
+    def addressing(user: UOp, position: int) -> bool:
+        if user.op is UOps.LOAD or user.op is UOps.STORE:
+            return position != 0 and not (user.op is UOps.STORE and position == 2)  # not the buffer, not the value
+        return user.op in (UOps.RANGE, UOps.IF) or id(user) in address
+
+    for u in reversed(uops):  # every user comes after what it uses
+        if u.op is UOps.ALU and users.get(id(u)) and all(addressing(user, p) for user, p in users[id(u)]):
+            address.add(id(u))  # index math, or a comparison of it that gates memory
+    address = {
+        id(u)
+        for u in uops
+        if id(u) in address
+        and id(u) in from_indices
+        and u.dtype == dtypes.int32
+        and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
+        and all(s.dtype == dtypes.int32 for s in u.src)
+    }
+    if not address:
+        return uops
+    out: list[UOp] = []
+    new: dict[int, UOp] = {}
+    for u in uops:
+        src = tuple(new.get(id(s), s) for s in u.src)
+        arg = _AddressOps(u.arg) if id(u) in address else u.arg
+        rebuilt = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, arg)
+        new[id(u)] = rebuilt
+        out.append(rebuilt)
+    return out
