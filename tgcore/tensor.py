@@ -19,7 +19,7 @@ from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
 from tgcore.function import Function
 from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
-from tgcore.ops import BinaryOps, LoadOps
+from tgcore.ops import BinaryOps, LoadOps, ReduceOps
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint
 
 __all__ = ["Tensor", "Function"]
@@ -262,7 +262,10 @@ class Tensor:
         if self.lazydata.base.realized is None or self.lazydata.base is not self.lazydata:
             self.lazydata = x.lazydata
             return self
-        self.lazydata = self.lazydata.assign(x.lazydata)
+        src = x.lazydata
+        if _assign_hazard(src, self.lazydata):  # computed apart first, so no kernel reads what it overwrites
+            src = src.contiguous()
+        self.lazydata = self.lazydata.assign(src)
         return self
 
     def replace(self, x: Tensor) -> Tensor:
@@ -1261,6 +1264,9 @@ class Tensor:
         return (self.maximum(0) - y * self + (1 + (-self.abs()).exp()).log()).mean()
 
     def one_hot(self, num_classes: int) -> Tensor:
+        """1 at each value's position along a new last axis of `num_classes` (int32)."""
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"one_hot needs num_classes >= 1, got {num_classes!r}")
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
 
     def sparse_categorical_crossentropy(
@@ -1809,6 +1815,31 @@ class _IndexPlan:
     strides: list[int] = dataclasses.field(default_factory=list)
     out_shape: list[sint] = dataclasses.field(default_factory=list)
     advanced: list[tuple[int, Tensor]] = dataclasses.field(default_factory=list)
+
+
+def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
+    """Whether computing `src` in the kernel that writes `target` would read target at positions other than the one
+    being written (through a moved view, or a reduction): then a kernel could overwrite data it has yet to read."""
+    memo: dict[int, bool] = {}
+    hazard = False
+
+    def reads_target(n: LazyBuffer) -> bool:
+        nonlocal hazard
+        if n is target:
+            return True
+        if id(n) not in memo:
+            b = n.base
+            if b is target:
+                hazard, memo[id(n)] = True, True
+            else:
+                found = [reads_target(s) for s in b.srcs] if b.realized is None else []
+                memo[id(n)] = any(found)
+                if memo[id(n)] and (n is not b or b.op in ReduceOps):
+                    hazard = True
+        return memo[id(n)]
+
+    reads_target(src)
+    return hazard
 
 
 def _shape(shape: tuple[Any, ...]) -> tuple[sint, ...]:

@@ -351,6 +351,22 @@ def test_assign_and_inplace_operators() -> None:
         i /= 2  # int32 /= gives float32: like numpy, the dtype cannot change in place
 
 
+def test_assign_reading_its_own_buffer_elsewhere() -> None:
+    from tgcore.tensor import _assign_hazard
+
+    m = Tensor(np.arange(6, dtype=np.float32)).realize()
+    assert not _assign_hazard((m * 2 + 1).lazydata, m.lazydata)
+    assert _assign_hazard(m.flip(0).lazydata, m.lazydata) and _assign_hazard((m - m.sum()).lazydata, m.lazydata)
+    devices = ["PYTHON"] + (["CLANG"] if "CLANG" in Device.available() else [])
+    for dev in devices:  # a compiled loop would overwrite what it has yet to read without the hazard check
+        x = Tensor(np.arange(6, dtype=np.float32), device=dev).realize()
+        x.assign(x.flip(0)).realize()
+        exact(x, np.float32([5, 4, 3, 2, 1, 0]))
+        w = Tensor(np.eye(2, dtype=np.float32), device=dev).realize()
+        w @= Tensor(np.float32([[1, 2], [3, 4]]), device=dev)
+        exact(w, np.float32([[1, 2], [3, 4]]))
+
+
 def test_from_node_variable() -> None:
     from tgcore import Variable
 
@@ -504,6 +520,8 @@ def test_masked_fill_one_hot_triu_tril() -> None:
     exact(Tensor([1.0, 2.0]).masked_fill(Tensor([True]), Tensor(5.0)), np.float32([5, 5]))
     exact(Tensor([[1, 0], [2, 2]]).one_hot(3), np.eye(3, dtype=np.int32)[[[1, 0], [2, 2]]], dtypes.int32)
     exact(Tensor([1.0, 0.0]).one_hot(2), np.int32([[0, 1], [1, 0]]))
+    with pytest.raises(ValueError):
+        Tensor([1]).one_hot(0)
     for k in (-1, 0, 2):
         exact(Tensor(x).triu(k), np.triu(x, k))
         exact(Tensor(x).tril(k), np.tril(x, k))
