@@ -6,14 +6,16 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional, Union
 
 import numpy as np
 
-from tgcore.device import Buffer
+from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
 from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
 
@@ -36,6 +38,12 @@ class LazyBuffer:
         self.size = st.size
         self._base = base
         if base is None:
+            if dtype.scalar() not in _device_dtypes(device):
+                supported = ", ".join(d.short_name for d in sorted(_device_dtypes(device)))
+                raise TypeError(
+                    f"device {device} does not support {dtype}; it supports {supported}: "
+                    "cast first, or use another device"
+                )
             self.op, self.arg, self.srcs = op, arg, srcs
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
@@ -220,3 +228,12 @@ def _np_type(dt: DType) -> type:
 def _foldable_cast(val: object, dtype: DType) -> bool:
     """Whether casting the constant `val` to `dtype` can be done now (inf and NaN have no integer value)."""
     return not (isinstance(val, float) and not math.isfinite(val) and (dtypes.is_int(dtype) or dtype == dtypes.bool))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_dtypes(device: str) -> frozenset[DType]:
+    """The dtypes a device instance claims in its DeviceSpec."""
+    return frozenset(Device[device].spec.dtypes)
+
+
+plugins.on_change.append(_device_dtypes.cache_clear)

@@ -1552,8 +1552,13 @@ class Tensor:
         return (a < b).detach().where(b, (a == b).detach().where(tie, (b != b).detach().where(b, a)))
 
     def minimum(self, x: Union[Tensor, ConstType]) -> Tensor:
+        """Elementwise min; NaN wins like numpy's minimum, and a tie splits the gradient."""
         a, b = self._broadcasted(x)
-        return -((-a).maximum(-b)) if a.dtype != dtypes.bool else a * b
+        if a.dtype == dtypes.bool:
+            return a * b
+        if dtypes.is_int(a.dtype):  # negation is not an order reversal for unsigned (or the minimum signed) values
+            return (a < b).detach().where(a, b)
+        return -((-a).maximum(-b))
 
     def where(self, x: Union[Tensor, ConstType], y: Union[Tensor, ConstType]) -> Tensor:
         cond = self.cast(dtypes.bool)

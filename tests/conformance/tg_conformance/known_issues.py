@@ -16,9 +16,6 @@ class KnownIssue:
 
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
-    KnownIssue("test_binary_broadcast[minimum-uint8]",
-               "core bug: Tensor.minimum of unsigned tensors is -max(-a, -b), wrong when an operand is 0: "
-               "Tensor([0], dtype=dtypes.uint8).minimum(Tensor([5], dtype=dtypes.uint8)).numpy() -> [5]"),
 )
 
 
