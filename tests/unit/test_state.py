@@ -75,6 +75,9 @@ def test_safe_save_load_round_trip_every_dtype(tmp_path: Path) -> None:
         assert loaded[k].dtype == t.dtype and loaded[k].shape == t.shape, k
         np.testing.assert_array_equal(loaded[k].numpy(), t.numpy(), err_msg=k)
     assert os.listdir(tmp_path) == ["model.safetensors"]  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fn.stat().st_mode & 0o777 == 0o666 & ~umask  # the mode of any new file, not the temporary file's 0o600
 
 
 def test_safe_save_writes_the_safetensors_layout(tmp_path: Path) -> None:
@@ -340,14 +343,14 @@ STORAGE_NAMES = {
 class CheckpointWriter:
     """Builds the object graph of a torch.save call: tensors become _rebuild_tensor_v2 calls on storages."""
 
-    def __init__(self, legacy: bool = False) -> None:
-        self.legacy = legacy
+    def __init__(self, legacy: bool = False, big_endian: bool = False) -> None:
+        self.legacy, self.order = legacy, ">" if big_endian else "<"
         self.storages: dict[str, tuple[str, bytes, int]] = {}  # key -> (storage name, bytes, numel)
 
     def storage(self, flat: np.ndarray, name: Optional[str] = None) -> StorageRef:
         key = str(len(self.storages))
         name = name or STORAGE_NAMES[flat.dtype]
-        self.storages[key] = (name, flat.astype(flat.dtype.newbyteorder("<")).tobytes(), flat.size)
+        self.storages[key] = (name, flat.astype(flat.dtype.newbyteorder(self.order)).tobytes(), flat.size)
         pid = ("storage", Global("torch", name), key, "cpu", flat.size) + ((None,) if self.legacy else ())
         return StorageRef(pid)
 
@@ -365,18 +368,18 @@ class CheckpointWriter:
             parts = [
                 pickle.dumps(0x1950A86A20F9469CFC6C, 2),
                 pickle.dumps(1001, 2),
-                pickle.dumps({"little": True}, 2),
+                pickle.dumps({"little_endian": self.order == "<"}, 2),
                 dumps(obj),
                 pickle.dumps(keys, 2),
             ]
             for k in keys:
                 _, raw, numel = self.storages[k]
-                parts += [struct.pack("<q", numel), raw]
+                parts += [struct.pack(f"{self.order}q", numel), raw]
             path.write_bytes(b"".join(parts))
         else:
             with zipfile.ZipFile(path, "w") as zf:
                 zf.writestr("ckpt/data.pkl", dumps(obj))
-                zf.writestr("ckpt/byteorder", "little")
+                zf.writestr("ckpt/byteorder", "little" if self.order == "<" else "big")
                 for k, (_, raw, _) in self.storages.items():
                     zf.writestr(f"ckpt/data/{k}", raw)
                 zf.writestr("ckpt/version", "3\n")
@@ -420,9 +423,10 @@ def _reference_checkpoint(w: CheckpointWriter) -> tuple[Any, dict[str, np.ndarra
     return top, want
 
 
+@pytest.mark.parametrize("big_endian", [False, True], ids=["little", "big"])
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
-def test_torch_load_without_torch(tmp_path: Path, legacy: bool) -> None:
-    w = CheckpointWriter(legacy)
+def test_torch_load_without_torch(tmp_path: Path, legacy: bool, big_endian: bool) -> None:
+    w = CheckpointWriter(legacy, big_endian)
     obj, want = _reference_checkpoint(w)
     fn = tmp_path / "ckpt.pt"
     w.save(obj, fn)
@@ -479,6 +483,11 @@ def test_torch_load_checks_layouts_and_data(tmp_path: Path) -> None:
     w.save({"x": w.tensor(ref, 0, (4,), (1,))}, fn)
     with pytest.raises(ValueError, match="has 8 bytes, but 4 elements"):
         torch_load(fn)
+    w = CheckpointWriter()
+    ref = w.storage(np.arange(2, dtype=np.float32))
+    w.storages["0"] = ("FloatStorage", np.arange(2, dtype=np.float32).tobytes() + b"\0" * 4096, 2)  # longer: fine
+    w.save({"x": w.tensor(ref, 0, (2,), (1,))}, fn)
+    assert torch_load(fn)["x"].numpy().tolist() == [0.0, 1.0]
     w = CheckpointWriter()
     w.save({"x": Call(Global("torch._utils", "_rebuild_tensor_v2"), ("not a storage", 0, (1,), (1,)))}, fn)
     with pytest.raises(ValueError, match="not a storage"):

@@ -171,6 +171,13 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     return ret
 
 
+def _new_file_mode() -> int:
+    """The permissions open() gives a new file: 0o666 less the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[str, Any]] = None) -> None:
     """Write tensors to a .safetensors file; written beside `fn` and renamed into place, so a failure leaves no
     half-written file."""
@@ -200,6 +207,7 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
     path = os.fspath(fn)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path) or ".")
     try:
+        os.chmod(tmp, _new_file_mode())  # mkstemp makes the file private; give it the mode open() would
         with os.fdopen(fd, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
             f.write(encoded)
@@ -516,7 +524,9 @@ def _zip_checkpoint(loader: _TorchLoader, zf: zipfile.ZipFile) -> Any:
         entry = f"{root}/data/{key}"
         if entry not in names:
             raise loader.error(f"the archive has no data for storage {key!r} (expected an entry {entry!r})")
-        loader.read_storage(key, zf.read(entry), big_endian)
+        # read only what the storage needs: a crafted archive may declare a far larger (or compressed) entry
+        with zf.open(entry) as f:
+            loader.read_storage(key, f.read(st.numel * st.dtype.itemsize), big_endian)
     return result
 
 
@@ -537,7 +547,8 @@ def _legacy_checkpoint(loader: _TorchLoader, f: IO[bytes]) -> Any:
     protocol = loader.unpickler(f).load()
     if protocol != _LEGACY_PROTOCOL:
         raise loader.error(f"unsupported legacy protocol version {protocol!r} (expected {_LEGACY_PROTOCOL})")
-    loader.unpickler(f).load()  # sys_info: endianness and type sizes of the machine that saved it
+    sys_info = loader.unpickler(f).load()  # the endianness and type sizes of the machine that saved it
+    big_endian = isinstance(sys_info, dict) and sys_info.get("little_endian") is False
     result = loader.unpickler(f).load()
     keys = loader.unpickler(f).load()
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
@@ -546,10 +557,12 @@ def _legacy_checkpoint(loader: _TorchLoader, f: IO[bytes]) -> Any:
         if key not in loader.storages:
             raise loader.error(f"the file has data for storage {key!r}, which no tensor refers to")
         st = loader.storages[key]
-        numel = int.from_bytes(_read_exact(f, 8, loader, f"the size of storage {key!r}"), "little", signed=True)
+        size_field = _read_exact(f, 8, loader, f"the size of storage {key!r}")
+        numel = int.from_bytes(size_field, "big" if big_endian else "little", signed=True)
         if numel != st.numel:
             raise loader.error(f"storage {key!r} holds {numel} elements, but the pickle says {st.numel}")
-        loader.read_storage(key, _read_exact(f, numel * st.dtype.itemsize, loader, f"storage {key!r}"))
+        raw = _read_exact(f, numel * st.dtype.itemsize, loader, f"storage {key!r}")
+        loader.read_storage(key, raw, big_endian)
     return result
 
 
