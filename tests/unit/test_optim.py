@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
-from tgcore import Tensor, dtypes
+from tgcore import Tensor, TinyJit, dtypes
 from tgcore.nn import optim
 from tgcore.nn.optim import LAMB, LARS, SGD, Adam, AdamW, Optimizer, OptimizerGroup
 
@@ -51,8 +51,15 @@ def _grad(q: dict[str, np.ndarray], p: np.ndarray) -> np.ndarray:
     return 2 * q["c"].astype(np.float64) * p + q["d"]
 
 
-def _lars_np(problem: list[dict[str, np.ndarray]], lr: float, momentum: float, wd: float, nesterov: bool,
-             classic: bool, tcoef: float) -> list[np.ndarray]:  # fmt: skip
+def _lars_np(
+    problem: list[dict[str, np.ndarray]],
+    lr: float,
+    momentum: float,
+    wd: float,
+    nesterov: bool,
+    classic: bool,
+    tcoef: float,
+) -> list[np.ndarray]:
     out = []
     for q in problem:
         p, b = q["p"].astype(np.float64), np.zeros(q["p"].shape)
@@ -75,8 +82,9 @@ def _lars_np(problem: list[dict[str, np.ndarray]], lr: float, momentum: float, w
     return out
 
 
-def _lamb_np(problem: list[dict[str, np.ndarray]], lr: float, b1: float, b2: float, eps: float, wd: float,
-             adam: bool) -> list[np.ndarray]:  # fmt: skip
+def _lamb_np(
+    problem: list[dict[str, np.ndarray]], lr: float, b1: float, b2: float, eps: float, wd: float, adam: bool
+) -> list[np.ndarray]:
     out = []
     for q in problem:
         p, m, v = q["p"].astype(np.float64), np.zeros(q["p"].shape), np.zeros(q["p"].shape)
@@ -101,13 +109,19 @@ def _close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
 
 @pytest.mark.parametrize(
     "momentum,wd,nesterov,classic",
-    [(0.0, 0.0, False, False), (0.9, 0.0, False, False), (0.9, 0.1, True, False), (0.8, 0.05, False, True),
-     (0.0, 0.2, False, True)],
-)  # fmt: skip
+    [
+        (0.0, 0.0, False, False),
+        (0.9, 0.0, False, False),
+        (0.9, 0.1, True, False),
+        (0.8, 0.05, False, True),
+        (0.0, 0.2, False, True),
+    ],
+)
 def test_sgd_matches_numpy(momentum: float, wd: float, nesterov: bool, classic: bool) -> None:
     problem = _problem()
-    got = _run_tgcore(problem, lambda ps: SGD(ps, lr=0.05, momentum=momentum, weight_decay=wd, nesterov=nesterov,
-                                                 classic=classic))  # fmt: skip
+    got = _run_tgcore(
+        problem, lambda ps: SGD(ps, lr=0.05, momentum=momentum, weight_decay=wd, nesterov=nesterov, classic=classic)
+    )
     _close(got, _lars_np(problem, 0.05, momentum, wd, nesterov, classic, tcoef=0.0))
 
 
@@ -204,15 +218,35 @@ def test_half_parameters_keep_their_dtype() -> None:
 
 # signatures and defaults of tinygrad 0.9.0, so that positional and keyword calls mean the same thing
 SIGNATURES: dict[str, list[tuple[str, Any]]] = {
-    "SGD": [("params", None), ("lr", 0.001), ("momentum", 0.0), ("weight_decay", 0.0), ("nesterov", False),
-            ("classic", False)],
-    "LARS": [("params", None), ("lr", 0.001), ("momentum", 0.9), ("weight_decay", 1e-4), ("nesterov", False),
-             ("classic", True), ("tcoef", 0.001)],
+    "SGD": [
+        ("params", None),
+        ("lr", 0.001),
+        ("momentum", 0.0),
+        ("weight_decay", 0.0),
+        ("nesterov", False),
+        ("classic", False),
+    ],
+    "LARS": [
+        ("params", None),
+        ("lr", 0.001),
+        ("momentum", 0.9),
+        ("weight_decay", 1e-4),
+        ("nesterov", False),
+        ("classic", True),
+        ("tcoef", 0.001),
+    ],
     "Adam": [("params", None), ("lr", 0.001), ("b1", 0.9), ("b2", 0.999), ("eps", 1e-8)],
     "AdamW": [("params", None), ("lr", 0.001), ("b1", 0.9), ("b2", 0.999), ("eps", 1e-8), ("weight_decay", 0.01)],
-    "LAMB": [("params", None), ("lr", 0.001), ("b1", 0.9), ("b2", 0.999), ("eps", 1e-6), ("weight_decay", 0.0),
-             ("adam", False)],
-}  # fmt: skip
+    "LAMB": [
+        ("params", None),
+        ("lr", 0.001),
+        ("b1", 0.9),
+        ("b2", 0.999),
+        ("eps", 1e-6),
+        ("weight_decay", 0.0),
+        ("adam", False),
+    ],
+}
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
@@ -220,3 +254,25 @@ def test_signatures_match_tinygrad(name: str) -> None:
     params = list(inspect.signature(getattr(optim, name)).parameters.values())
     got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
     assert got == SIGNATURES[name]
+
+
+@pytest.mark.parametrize("make", [lambda ps: SGD(ps, lr=0.1, momentum=0.9), lambda ps: Adam(ps, lr=0.1)])
+def test_step_inside_tinyjit_matches_eager(make: Callable[[list[Tensor]], Optimizer]) -> None:
+    def train(use_jit: bool) -> np.ndarray:
+        w = Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), requires_grad=True)
+        opt = make([w])
+
+        def step(x: Tensor) -> Tensor:
+            opt.zero_grad()
+            loss = ((x @ w) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss.realize()
+
+        run = TinyJit(step) if use_jit else step
+        rng = np.random.default_rng(0)
+        for _ in range(4):  # the jit records on the second call and replays on the rest
+            run(Tensor(rng.standard_normal((2, 4)).astype(np.float32)))
+        return w.numpy()
+
+    np.testing.assert_array_equal(train(True), train(False))
