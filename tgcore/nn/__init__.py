@@ -7,9 +7,9 @@ calling it applies the layer.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
-from tgcore.helpers import prod
+from tgcore.helpers import all_int, prod
 from tgcore.nn import optim, state  # noqa: F401  (tinygrad exposes them as nn.optim and nn.state)
 from tgcore.tensor import Tensor
 
@@ -28,6 +28,13 @@ __all__ = [
     "optim",
     "state",
 ]
+
+
+def _concrete(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    """shape, checked to hold no symbolic dimension."""
+    if not all_int(shape):
+        raise ValueError(f"this layer needs a concrete shape, got the symbolic shape {shape}")
+    return shape
 
 
 def _channel_shape(x: Tensor) -> tuple[int, ...]:
@@ -72,7 +79,7 @@ class Conv2d:
         self.kernel_size = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.weight = self.initialize_weight(out_channels, in_channels, groups)
-        bound = 1 / math.sqrt(int(prod(self.weight.shape[1:])))
+        bound = 1 / math.sqrt(prod(_concrete(self.weight.shape[1:])))
         self.bias: Optional[Tensor] = Tensor.uniform(out_channels, low=-bound, high=bound) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -183,7 +190,7 @@ class BatchNorm2d:
             batch_invstd = batch_var.add(self.eps).pow(-0.5)
             if self.track_running_stats:
                 # momentum with Bessel's correction: numel / (numel - C) = m / (m - 1) for m values per channel
-                numel = int(prod(x.shape))
+                numel = prod(_concrete(x.shape))
                 var_scale = self.momentum * numel / (numel - x.shape[1]) if numel > x.shape[1] else self.momentum
                 self.running_mean.assign(
                     ((1 - self.momentum) * self.running_mean + self.momentum * batch_mean.detach()).cast(

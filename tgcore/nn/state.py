@@ -16,7 +16,7 @@ import tempfile
 import types
 import zipfile
 from dataclasses import dataclass
-from typing import IO, Any, Optional, Union
+from typing import IO, Any, Optional, Union, cast
 
 import numpy as np
 from tqdm import tqdm
@@ -232,7 +232,7 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> di
 
 def _walk_state(obj: Any, prefix: str, tensor_type: type, on_path: set[int]) -> dict[str, Tensor]:
     if isinstance(obj, tensor_type):
-        return {prefix.strip("."): obj}
+        return {prefix.strip("."): cast(Tensor, obj)}
     # modules and classes hold no model state; an object that contains itself would loop forever
     if isinstance(obj, (types.ModuleType, type)) or id(obj) in on_path:
         return {}
