@@ -116,6 +116,16 @@ def test_safe_load_reads_a_file_written_by_hand(tmp_path: Path) -> None:
     assert safe_load(t)["h"].numpy().tolist() == [[1, 2], [3, 4]]
 
 
+def test_bfloat16_loads_as_float32_where_the_device_has_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fn = tmp_path / "bf.safetensors"
+    header = {"bf": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}}
+    fn.write_bytes(_raw_safetensors(header, struct.pack("<3H", 0x3FC0, 0xC010, 0x7F80)))
+    monkeypatch.setattr(nn_state, "_default_device_has", lambda dt: False)
+    t = safe_load(fn)["bf"]
+    assert t.dtype == dtypes.float32
+    np.testing.assert_array_equal(t.numpy(), [1.5, -2.25, np.inf])
+
+
 BAD_HEADERS = [
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}}, b"\0" * 8, "begin <= end <="),
     ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "needs 12"),

@@ -3,6 +3,7 @@
 Loading never runs code from a file: safetensors headers are parsed as JSON with every offset checked, and
 PyTorch checkpoints are unpickled through an allow-list that can only rebuild tensors and containers.
 Loaded tensors are on the default device (tgcore has no DISK device); load_state_dict moves them to the model's.
+bfloat16 data loads as float32 where the default device has no bfloat16.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import IO, Any, Optional, Union, cast
 import numpy as np
 from tqdm import tqdm
 
+from tgcore.device import Device
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import CI, DEBUG, GlobalCounters, Timing, all_int, prod
 from tgcore.tensor import Tensor
@@ -51,12 +53,23 @@ def _file_np_dtype(dt: DType) -> np.dtype:
     return np.dtype(dt.np).newbyteorder("<")
 
 
+def _default_device_has(dt: DType) -> bool:
+    return dt in Device[Device.DEFAULT].spec.dtypes
+
+
 def _tensor_from_file_array(arr: np.ndarray, dt: DType) -> Tensor:
-    """A tensor of dtype `dt` from an array of its file representation (see _file_np_dtype), copied."""
+    """A tensor of dtype `dt` from an array of its file representation (see _file_np_dtype), copied.
+
+    bfloat16 becomes float32 (exactly) on a default device that has no bfloat16, so that the weights can be used.
+    """
     if dt == dtypes.bool:
         return Tensor(arr != 0)
     native = arr.astype(arr.dtype.newbyteorder("="), copy=True)
-    return Tensor(native).bitcast(dt) if dt == dtypes.bfloat16 else Tensor(native)
+    if dt != dtypes.bfloat16:
+        return Tensor(native)
+    if _default_device_has(dtypes.bfloat16):
+        return Tensor(native).bitcast(dt)
+    return Tensor((native.astype(np.uint32) << 16).view(np.float32))
 
 
 def _tensor_to_file_bytes(t: Tensor) -> bytes:
