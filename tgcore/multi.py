@@ -193,6 +193,11 @@ class MultiLazyBuffer:
         return MultiLazyBuffer([x.stride(arg) for x in self.lbs], self.axis)
 
     def assign(self, x: MultiLazyBuffer) -> MultiLazyBuffer:
-        if x.axis != self.axis or x.device != self.device:
-            raise ValueError(f"assign needs the same sharding, got axis {x.axis} on {x.device} for {self}")
+        """Write `x` into these parts; `x` is first split (or gathered) the way this array is."""
+        if x.device != self.device:
+            raise ValueError(f"assign needs the same devices, got {x.device} for {self.device}")
+        if x.axis != self.axis:
+            x = x.replicated()
+            if self.axis is not None:
+                x = x._on_shards_of(self)
         return MultiLazyBuffer([a.assign(b) for a, b in zip(self.lbs, x.lbs)], self.axis)

@@ -19,6 +19,7 @@ from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
 from tgcore.function import Function
 from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
+from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint
 
@@ -57,12 +58,15 @@ class Tensor:
         requires_grad: Optional[bool] = None,
     ) -> None:
         dt = to_dtype(dtype) if dtype is not None else None
-        device = Device.canonicalize(device)
         self.grad: Optional[Tensor] = None
         self.requires_grad: Optional[bool] = requires_grad
         self._ctx: Optional[Function] = None
         if isinstance(data, Tensor):
             data = data.lazydata
+        if isinstance(data, MultiLazyBuffer) or isinstance(device, (tuple, list)):
+            self.lazydata = _multi_lazydata(data, device, dt)
+            return
+        device = Device.canonicalize(device)
         if isinstance(data, LazyBuffer):
             if dt is not None and dt != data.dtype:
                 raise TypeError(f"a LazyBuffer of {data.dtype} cannot become a tensor of {dt}; use .cast()")
@@ -184,7 +188,12 @@ class Tensor:
     # ***** realization *****
 
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list[ScheduleItem], dict[Variable, int]]:
-        return create_schedule_with_vars([x.lazydata for x in (self, *lst)])
+        lbs = [
+            lb
+            for x in (self, *lst)
+            for lb in (x.lazydata.lbs if isinstance(x.lazydata, MultiLazyBuffer) else [x.lazydata])
+        ]
+        return create_schedule_with_vars(lbs)
 
     def schedule(self, *lst: Tensor) -> list[ScheduleItem]:
         return self.schedule_with_vars(*lst)[0]
@@ -204,6 +213,8 @@ class Tensor:
         return Tensor(self.lazydata, device=self.device, requires_grad=False)
 
     def _buffer(self) -> Buffer:
+        if isinstance(self.lazydata, MultiLazyBuffer):
+            return self.to(self.lazydata.device[0])._buffer()
         x = self.cast(self.dtype.scalar()).contiguous().realize()
         buf = x.lazydata.base.realized
         assert buf is not None
@@ -232,8 +243,10 @@ class Tensor:
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
-    def to(self, device: Optional[str]) -> Tensor:
-        """This tensor on `device` (the same tensor when it is already there)."""
+    def to(self, device: Optional[Union[str, tuple[str, ...]]]) -> Tensor:
+        """This tensor on `device` (the same tensor when it is already there); a tuple of devices replicates it."""
+        if isinstance(device, (tuple, list)):
+            return self.shard(device)
         device = Device.canonicalize(device)
         if device == self.device:
             return self
@@ -241,6 +254,22 @@ class Tensor:
         if self.grad is not None:
             ret.grad = self.grad.to(device)
         return ret
+
+    def shard(self, devices: Sequence[str], axis: Optional[int] = None) -> Tensor:
+        """This tensor split along `axis` over `devices` (replicated on each when axis is None)."""
+        if isinstance(self.lazydata, MultiLazyBuffer):
+            raise ValueError(f"tensor is already sharded over {self.device}; gather it with .to(device) first")
+        canonical = tuple(Device.canonicalize(d) for d in devices)
+        if len(set(canonical)) != len(canonical) or not canonical:
+            raise ValueError(f"shard needs distinct devices, got {tuple(devices)}")
+        ax = self._resolve_dim(axis) if axis is not None else None
+        mlb = MultiLazyBuffer.from_sharded(self.lazydata, canonical, ax)
+        return Tensor(mlb, device=canonical, requires_grad=self.requires_grad)
+
+    def shard_(self, devices: Sequence[str], axis: Optional[int] = None) -> Tensor:
+        """Shard this tensor in place."""
+        self.lazydata = self.shard(devices, axis).lazydata
+        return self
 
     def to_(self, device: Optional[str]) -> Tensor:
         """Move this tensor to `device` in place."""
@@ -258,6 +287,9 @@ class Tensor:
                 f"{self.device}, value {x.shape} {x.dtype} {x.device}"
             )
         if self.lazydata is x.lazydata:
+            return self
+        if isinstance(self.lazydata, MultiLazyBuffer):
+            self.lazydata = self.lazydata.assign(x.lazydata) if self.lazydata.realized else x.lazydata
             return self
         if self.lazydata.base.realized is None or self.lazydata.base is not self.lazydata:
             self.lazydata = x.lazydata
@@ -1866,3 +1898,14 @@ def _broadcast_shape(*shapes: tuple[sint, ...]) -> tuple[sint, ...]:
             raise ValueError(f"shapes {shapes} cannot be broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+def _multi_lazydata(data: Any, devices: Any, dtype: Optional[DType]) -> MultiLazyBuffer:
+    """The data of a tensor on several devices: a MultiLazyBuffer as given, or anything else replicated on each."""
+    if isinstance(data, MultiLazyBuffer):
+        if dtype is not None and dtype != data.dtype:
+            raise TypeError(f"sharded data of {data.dtype} cannot become a tensor of {dtype}; use .cast()")
+        return data
+    canonical = tuple(Device.canonicalize(d) for d in devices)
+    one = Tensor(data, device=canonical[0], dtype=dtype).lazydata
+    return MultiLazyBuffer.from_sharded(one, canonical, None)

@@ -110,3 +110,12 @@ def test_device_instances():
     assert y.device == "CLANG:1"
     np.testing.assert_allclose(y.to("CLANG").numpy(), [2.0, 4.0, 6.0])
     assert Tensor([1], dtype=dtypes.int8, device="CLANG:1").dtype == dtypes.int8
+
+
+def test_shard_across_clang_instances_matches_unsharded():
+    rng = np.random.default_rng(3)
+    a, w = rng.standard_normal((9, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    x = Tensor(a, device="CLANG").shard(("CLANG:0", "CLANG:1"), axis=0)
+    out = (x @ Tensor(w, device="CLANG").shard(("CLANG", "CLANG:1"))).relu().sum(axis=1)
+    assert out.device == ("CLANG", "CLANG:1")
+    np.testing.assert_allclose(out.numpy(), np.maximum(a @ w, 0).sum(axis=1), rtol=1e-5, atol=1e-6)
