@@ -48,7 +48,7 @@ class LazyBuffer:
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
             # an ASSIGN writes into the buffer of its target
-            self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, self.size, dtype)
+            self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, _max_size(self.size), dtype)
         else:
             if base.base is not base:
                 raise ValueError("a view's base must be a base LazyBuffer")
@@ -237,3 +237,8 @@ def _device_dtypes(device: str) -> frozenset[DType]:
 
 
 plugins.on_change.append(_device_dtypes.cache_clear)
+
+
+def _max_size(size: sint) -> int:
+    """Elements to allocate: a symbolic size gets room for its largest value."""
+    return size if isinstance(size, int) else int(size.max)

@@ -21,7 +21,7 @@ from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
-from tgcore.shape.symbolic import Node, NumNode, Variable, sint
+from tgcore.shape.symbolic import Node, NumNode, Variable, sint, sym_infer
 
 __all__ = ["Tensor", "Function"]
 
@@ -594,7 +594,7 @@ class Tensor:
                 resolved.append(self.numel() // known if known else 0)
             else:
                 resolved.append(s)
-        if prod(resolved) != self.numel():
+        if _bound_size(resolved) != _bound_size(self.shape):  # symbolic sizes compare at their bound values
             raise ValueError(f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {new_shape}")
         return F.Reshape.apply(self, shape=tuple(resolved)) if tuple(resolved) != self.shape else self
 
@@ -1909,3 +1909,15 @@ def _multi_lazydata(data: Any, devices: Any, dtype: Optional[DType]) -> MultiLaz
     canonical = tuple(Device.canonicalize(d) for d in devices)
     one = Tensor(data, device=canonical[0], dtype=dtype).lazydata
     return MultiLazyBuffer.from_sharded(one, canonical, None)
+
+
+def _bound_size(shape: Sequence[sint]) -> int:
+    """The number of elements of a shape whose symbolic sizes take their bound values."""
+    return int(
+        prod(
+            [
+                sym_infer(d, {v: v.val for v in d.vars() if v.val is not None}) if isinstance(d, Node) else d
+                for d in shape
+            ]
+        )
+    )

@@ -45,11 +45,15 @@ def _plain(v: Any) -> Any:
         return v
     v.realize()
     lb = v.lazydata
-    return v if lb.base is lb and lb.realized is not None else v.contiguous().realize()
+    # a contiguous view of a realized buffer (e.g. reshaped to a symbolic shape) is used as it is
+    return v if lb.base.realized is not None and lb.st.contiguous else v.contiguous().realize()
 
 
 def _variables_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variable, int]:
+    """The values of the symbolic Variables passed as arguments or bound in the shapes of tensor arguments."""
     out = {}
+    for t in _tensors_in(args, kwargs):
+        out.update(t.lazydata.st.var_vals)
     for v in (*args, *kwargs.values()):
         if isinstance(v, Variable):
             if v.val is None:

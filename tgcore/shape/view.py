@@ -16,6 +16,7 @@ View equivalent to applying `vm1` then `vm2`, or None when no single view can ex
 Sizes, strides, offsets and mask bounds are `sint` (int or symbolic Node). Symbolic values are
 supported where the answer is structurally clear; otherwise the methods that may return None do so.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,6 +29,7 @@ Mask = Tuple[Tuple[sint, sint], ...]
 
 
 # ---- small local helpers (this module may not import tgcore.helpers) ----------------------------------
+
 
 def _canon(x) -> sint:
     """int / Node normalisation: NumNode and bool become int."""
@@ -97,6 +99,9 @@ def _same_size(a: Sequence[sint], b: Sequence[sint]) -> bool:
     if isinstance(pa, int) or isinstance(pb, int):
         pa, pb = Node.sum([pa]), Node.sum([pb])
     vs = pa.vars() | pb.vars()
+    if all(v.val is not None for v in vs):  # bound variables: a concrete shape may become a symbolic one
+        vals = {v: v.val for v in vs}
+        return pa.evaluate(vals) == pb.evaluate(vals)
     for pick in (lambda v: v.min, lambda v: v.max):
         vals = {v: pick(v) for v in vs}
         if pa.evaluate(vals) != pb.evaluate(vals):
@@ -131,6 +136,7 @@ def _ceil_div(a: sint, m: int) -> sint:
 
 # ---- View ---------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class View:
     shape: Tuple[sint, ...]
@@ -140,8 +146,12 @@ class View:
     contiguous: bool
 
     @staticmethod
-    def create(shape: Sequence[sint], strides: Optional[Sequence[sint]] = None, offset: sint = 0,
-               mask: Optional[Sequence[Tuple[sint, sint]]] = None) -> "View":
+    def create(
+        shape: Sequence[sint],
+        strides: Optional[Sequence[sint]] = None,
+        offset: sint = 0,
+        mask: Optional[Sequence[Tuple[sint, sint]]] = None,
+    ) -> "View":
         """The canonical View (see the module docstring); strides default to C-contiguous."""
         shape = _check_shape(shape)
         n = len(shape)
@@ -190,15 +200,25 @@ class View:
         return ret
 
     def _sints(self) -> List[sint]:
-        return list(self.shape) + list(self.strides) + [self.offset] + \
-            ([x for m in self.mask for x in m] if self.mask is not None else [])
+        return (
+            list(self.shape)
+            + list(self.strides)
+            + [self.offset]
+            + ([x for m in self.mask for x in m] if self.mask is not None else [])
+        )
 
     def substitute(self, var_vals) -> "View":
         """Replace Variables in shape/strides/offset/mask (e.g. to unbind them)."""
+
         def sub(x):
             return _canon(x.substitute(var_vals)) if isinstance(x, Node) else x
-        return View.create(tuple(sub(s) for s in self.shape), tuple(sub(s) for s in self.strides), sub(self.offset),
-                           None if self.mask is None else tuple((sub(b), sub(e)) for b, e in self.mask))
+
+        return View.create(
+            tuple(sub(s) for s in self.shape),
+            tuple(sub(s) for s in self.strides),
+            sub(self.offset),
+            None if self.mask is None else tuple((sub(b), sub(e)) for b, e in self.mask),
+        )
 
     def unbind(self) -> Tuple["View", dict]:
         """(this view with bound Variables replaced by unbound ones, {Variable: value})."""
@@ -221,8 +241,12 @@ class View:
         axis = self._check_len(axis, "permute")
         if sorted(axis) != list(range(len(self.shape))):
             raise ValueError(f"permute {axis} is not a permutation of {len(self.shape)} axes")
-        return View.create(tuple(self.shape[a] for a in axis), tuple(self.strides[a] for a in axis), self.offset,
-                           None if self.mask is None else tuple(self.mask[a] for a in axis))
+        return View.create(
+            tuple(self.shape[a] for a in axis),
+            tuple(self.strides[a] for a in axis),
+            self.offset,
+            None if self.mask is None else tuple(self.mask[a] for a in axis),
+        )
 
     def expand(self, new_shape: Sequence[sint]) -> "View":
         new_shape = self._check_len(_check_shape(new_shape, "expand shape"), "expand")
@@ -319,7 +343,7 @@ class View:
         offset = self.offset
         oi = 0
         for n_old, new_sizes in blocks:
-            r = _reshape_block(old[oi:oi + n_old], new_sizes)
+            r = _reshape_block(old[oi : oi + n_old], new_sizes)
             if r is None:
                 return None
             strides, mask, delta = r
@@ -417,6 +441,7 @@ def _all_invalid(shape: Tuple[sint, ...]) -> Optional[View]:
 
 
 # ---- reshape internals ------------------------------------------------------------------------------
+
 
 def _group_blocks(old: List[sint], new: List[sint]) -> Optional[List[Tuple[int, List[sint]]]]:
     """Split old and new sizes (no 1s) into consecutive blocks with equal products:
@@ -542,6 +567,7 @@ def _split_mask(b: int, e: int, sizes: List[int]) -> Optional[List[Tuple[int, in
 
 
 # ---- merging two views (ints only) ------------------------------------------------------------
+
 
 def _unravel(x: int, shape: Tuple[int, ...], C: List[int]) -> List[int]:
     """Greedy mixed-radix digits of x (size-1 axes get 0; the outermost digit is unbounded)."""
