@@ -564,3 +564,21 @@ def test_signatures_match_tinygrad(name: str) -> None:
     params = list(inspect.signature(getattr(nn_state, name)).parameters.values())
     got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
     assert got == STATE_SIGNATURES[name]
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_load_state_dict_into_a_sharded_model(axis: Optional[int]) -> None:
+    from tgcore.multi import MultiLazyBuffer
+
+    devices = ("PYTHON", "PYTHON:1")
+    model = Linear(3, 4)
+    model.weight.shard_(devices, axis=axis)
+    assert model.bias is not None
+    model.bias.shard_(devices)
+    weight = np.arange(12, dtype=np.float32).reshape(4, 3)
+    load_state_dict(model, {"weight": Tensor(weight), "bias": Tensor([1.0, 2.0, 3.0, 4.0])}, verbose=False)
+    assert isinstance(model.weight.lazydata, MultiLazyBuffer) and model.weight.lazydata.axis == axis
+    assert model.weight.device == devices
+    np.testing.assert_array_equal(model.weight.numpy(), weight)
+    x = Tensor.ones(1, 3).shard(devices)
+    np.testing.assert_array_equal(model(x).numpy(), [weight.sum(1) + [1, 2, 3, 4]])

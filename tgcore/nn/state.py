@@ -25,6 +25,7 @@ from tqdm import tqdm
 from tgcore.device import Device
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import CI, DEBUG, GlobalCounters, Timing, all_int, prod
+from tgcore.multi import MultiLazyBuffer
 from tgcore.tensor import Tensor
 
 __all__ = [
@@ -278,7 +279,8 @@ def get_parameters(obj: Any) -> list[Tensor]:
 def load_state_dict(
     model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = True, consume: bool = False
 ) -> None:
-    """Replace the data of each tensor of `model` by the state_dict entry of the same key (moved to its device).
+    """Replace the data of each tensor of `model` by the state_dict entry of the same key, moved to its device
+    (or sharded over its devices, along the same axis, for a sharded tensor).
 
     Every key, type and shape is checked before any tensor changes: with strict, a key of the model missing from
     state_dict is an error (without it, that tensor is left as it is). Keys the model lacks are ignored, with a
@@ -320,8 +322,14 @@ def load_state_dict(
                     print(f"WARNING: not loading {k}")
                 continue
             progress.set_description(f"ram used: {GlobalCounters.mem_used / 1e9:5.2f} GB, {k:50s}")
-            src = state_dict[k].to(v.device)
-            v.replace(src.reshape(v.shape) if src.shape != v.shape else src).realize()
+            src = state_dict[k]
+            src = src.reshape(v.shape) if src.shape != v.shape else src
+            if isinstance(v.lazydata, MultiLazyBuffer):  # a sharded model tensor: the data is split the same way
+                if not isinstance(src.lazydata, MultiLazyBuffer):
+                    src = src.shard(v.lazydata.device, v.lazydata.axis)
+            else:
+                src = src.to(v.device)
+            v.replace(src).realize()
             if consume:
                 del state_dict[k]
 
