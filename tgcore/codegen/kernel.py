@@ -1,19 +1,41 @@
-"""Kernel: one kernel's AST with the shapes of every buffer it touches, simplified and ready to linearize.
+"""Kernel: one kernel's AST with the shapes of every buffer it touches, and the optimizations applied to it.
 
-The kernel's index space is `full_shape`: the global axes first, then the reduce axes. Every buffer has a
-ShapeTracker of that rank; a buffer written or read after the reduce has size 1 on the reduce axes.
+Every buffer has a ShapeTracker over the kernel's index space `full_shape`. A buffer written or read after the
+reduce has size 1 on the reduce axes. The axes come in this order:
+
+    [0, first_reduce)               global axes: loops on a CPU (`Renderer.global_max is None`), launched grid
+                                    indices on a GPU; the last `local_dims` of them are workgroup (local) indices
+    [first_reduce, first_upcast)    reduce loops, outermost first: the order the accumulator sees its elements
+    [first_upcast, shape_len)       upcast axes: no loop, the body is repeated once per index ("lanes"); an upcast
+                                    axis that is a reduce axis is *unrolled*: its lanes are accumulated in order
+
+Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
+axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
+elements in the order of the unoptimized kernel. `hand_coded_optimizations` chooses them from the AST and the
+Renderer's declared abilities only, so a kernel's optimized form is deterministic and cacheable.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Optional
 
 from tgcore.dtype import DType, dtypes
-from tgcore.helpers import to_function_name
+from tgcore.helpers import prod, to_function_name
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, UnaryOps
 from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import sint
+
+# the most lanes one loop iteration may carry: global upcasts, and everything (unrolled reduce lanes included)
+MAX_UPCAST = 256
+MAX_LANES = 512
+
+
+def _int(s: sint) -> int:
+    assert isinstance(s, int), f"expected a concrete size, got {s}"
+    return s
 
 
 def dtype_of(op: LazyOp) -> DType:
@@ -27,8 +49,38 @@ def dtype_of(op: LazyOp) -> DType:
     return dtype_of(op.src[-1])
 
 
+class OptOps(Enum):
+    """The kinds of optimization. `amount` 0 means the whole axis."""
+
+    UPCAST = auto()  # axis: a global axis; its last `amount` indices become lanes
+    UNROLL = auto()  # axis: counted from first_reduce, the innermost reduce loop; its last `amount` indices, in order
+    LOCAL = auto()  # axis: a global axis; its last `amount` indices become a workgroup dimension (has_local)
+    SWAP = auto()  # axis and amount: two global loop axes that exchange places (loop order)
+
+
+@dataclass(frozen=True, order=True)
+class Opt:
+    """One optimization step: `op` on `axis` by `amount`."""
+
+    op: OptOps
+    axis: int
+    amount: int
+
+    def __repr__(self) -> str:
+        return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+
+class KernelOptError(Exception):
+    """An optimization that does not apply to this kernel."""
+
+
+def _check(cond: bool, why: str) -> None:
+    if not cond:
+        raise KernelOptError(why)
+
+
 class Kernel:
-    """An AST plus its buffers' ShapeTrackers over one shared index space."""
+    """An AST plus its buffers' ShapeTrackers over one shared index space, and the optimizations applied."""
 
     def __init__(self, ast: LazyOp, opts: Renderer) -> None:
         if ast.op is not BufferOps.STORE:
@@ -53,18 +105,47 @@ class Kernel:
             if len(st.shape) != len(self.full_shape):
                 raise ValueError(f"buffer shape {st.shape} does not match the kernel's shape {self.full_shape}")
         self.reduce_axes = tuple(i for i, (o, f) in enumerate(zip(output_shape, self.full_shape)) if o != f)
-        self.n_reduce = 0
+        self.n_reduce = 0  # reduce loops
+        self.upcasted = 0  # trailing upcast axes
+        self.local_dims = 0  # global axes launched as workgroup indices
+        self.applied_opts: list[Opt] = []
         self._reduce_last()
         self._merge_axes()
+
+    def copy(self) -> Kernel:
+        """A kernel with the same state; optimizing it leaves this one as it is."""
+        k = object.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.sts, k.applied_opts = dict(self.sts), list(self.applied_opts)
+        return k
+
+    # ***** the axes *****
 
     @property
     def shape_len(self) -> int:
         return len(self.full_shape)
 
     @property
+    def first_upcast(self) -> int:
+        """The index of the first upcast axis (== shape_len when there is none)."""
+        return self.shape_len - self.upcasted
+
+    @property
     def first_reduce(self) -> int:
-        """The index of the first reduce axis (== shape_len when there is none)."""
-        return self.shape_len - self.n_reduce
+        """The index of the first reduce loop (== first_upcast when there is none)."""
+        return self.first_upcast - self.n_reduce
+
+    @property
+    def output_shape(self) -> tuple[sint, ...]:
+        return self.sts[self.ast].shape
+
+    def is_reduce_axis(self, axis: int) -> bool:
+        """True for a reduce loop or an unrolled reduce axis."""
+        return self.output_shape[axis] != self.full_shape[axis]
+
+    @property
+    def upcast_sizes(self) -> tuple[int, ...]:
+        return tuple(_int(s) for s in self.full_shape[self.first_upcast :])
 
     def _reduce_last(self) -> None:
         """Permute so the reduce axes come after the global axes."""
@@ -102,6 +183,195 @@ class Kernel:
                 continue
             i += 1
 
+    def _split(self, axis: int, amount: int, to: int) -> None:
+        """Split `axis` into (size // amount, amount) and move the `amount` part to position `to` (counted in the
+        shape after the split, with the split-off part removed)."""
+        size = self.full_shape[axis]
+        shape = list(self.full_shape)
+        split = shape[:axis] + [size // amount, amount] + shape[axis + 1 :]
+        order = [i for i in range(len(split)) if i != axis + 1]
+        order.insert(to, axis + 1)
+        new_sts = {}
+        for k, st in self.sts.items():
+            s = st.shape[axis]  # 1 where this buffer does not vary along the axis
+            new = st.reshape(st.shape[:axis] + ((s // amount, amount) if s != 1 else (1, 1)) + st.shape[axis + 1 :])
+            new_sts[k] = new.permute(tuple(order))
+        self.sts = new_sts
+        self.full_shape = tuple(split[i] for i in order)
+        if size == amount:  # the loop that is left has size 1: drop it
+            self._drop_axis(axis)
+
+    def _drop_axis(self, axis: int) -> None:
+        self.sts = {k: st.reshape(st.shape[:axis] + st.shape[axis + 1 :]) for k, st in self.sts.items()}
+        self.full_shape = self.full_shape[:axis] + self.full_shape[axis + 1 :]
+
+    # ***** optimizations *****
+
+    def apply_opt(self, opt: Opt) -> None:
+        """Apply one optimization; KernelOptError (and no change) when it does not apply."""
+        _check(opt.amount >= 0, f"{opt}: the amount must be >= 0")
+        if opt.op is OptOps.SWAP:
+            n_global = self.first_reduce - self.local_dims
+            _check(0 <= opt.axis < opt.amount < n_global, f"{opt}: not two global axes in order")
+            order = list(range(self.shape_len))
+            order[opt.axis], order[opt.amount] = opt.amount, opt.axis
+            self.sts = {k: st.permute(tuple(order)) for k, st in self.sts.items()}
+            self.full_shape = tuple(self.full_shape[i] for i in order)
+            self.applied_opts.append(opt)
+            return
+        if opt.op is OptOps.UNROLL:
+            # only the innermost reduce loop: unrolling any other would change the order the accumulator adds in
+            _check(opt.axis == self.n_reduce - 1, f"{opt}: only the innermost reduce loop can be unrolled")
+            axis = self.first_reduce + opt.axis
+        else:
+            axis = opt.axis
+            _check(0 <= axis < self.first_reduce - self.local_dims, f"{opt}: not a global axis")
+        size = self.full_shape[axis]
+        _check(isinstance(size, int), f"{opt}: the axis has a symbolic size")
+        assert isinstance(size, int)
+        amount = opt.amount or size
+        _check(amount > 1 and size % amount == 0, f"{opt}: {amount} does not split an axis of {size}")
+        if opt.op is OptOps.LOCAL:
+            _check(self.opts.has_local and self.opts.global_max is not None, f"{opt}: the device has no workgroups")
+            local_max = self.opts.local_max or ()
+            _check(self.local_dims < min(3, len(local_max)), f"{opt}: no local dimension left")
+            group = prod(_int(s) for s in self.full_shape[self.first_reduce - self.local_dims : self.first_reduce])
+            _check(amount <= local_max[self.local_dims] and group * amount <= max(local_max), f"{opt}: too big")
+            to = self.first_reduce - self.local_dims
+        else:
+            lanes = prod(self.upcast_sizes) * amount
+            _check(lanes <= MAX_LANES, f"{opt}: {lanes} lanes is more than {MAX_LANES}")
+            upcast = prod(s for a, s in enumerate(self.upcast_sizes) if not self.is_reduce_axis(self.first_upcast + a))
+            _check(opt.op is OptOps.UNROLL or upcast * amount <= MAX_UPCAST, f"{opt}: more than {MAX_UPCAST} lanes")
+            # at the front of the upcast axes: a new unrolled axis is the outer part of the ones split before
+            to = self.first_upcast
+        before = (self.sts, self.full_shape)
+        self._split(axis, amount, to)
+        if any(len(self.sts[k].views) > len(st.views) for k, st in before[0].items()):
+            self.sts, self.full_shape = before
+            raise KernelOptError(f"{opt}: a buffer's view cannot split that axis")
+        if opt.op is OptOps.LOCAL:
+            self.local_dims += 1
+        else:
+            self.upcasted += 1
+            if opt.op is OptOps.UNROLL and size == amount:
+                self.n_reduce -= 1
+        self.applied_opts.append(opt)
+
+    def apply_opts(self, opts: list[Opt]) -> None:
+        for opt in opts:
+            self.apply_opt(opt)
+
+    def _try(self, opt: Opt) -> bool:
+        """Apply `opt` when it applies, leaving the kernel as it was when it does not."""
+        saved = self.copy()
+        try:
+            self.apply_opt(opt)
+            return True
+        except KernelOptError:
+            self.__dict__.update(saved.__dict__)
+            return False
+
+    # ***** heuristics *****
+
+    def _loads(self) -> list[LazyOp]:
+        return [x for x in self.leaves if x.op is BufferOps.LOAD]
+
+    def _stride(self, leaf: LazyOp, axis: int) -> Optional[sint]:
+        """The buffer stride of `leaf` along `axis` (0 when broadcast), None when it is not a plain stride."""
+        st = self.sts[leaf]
+        if st.shape[axis] == 1:
+            return 0
+        return st.real_strides()[axis]
+
+    def _vector_width(self) -> int:
+        widths = getattr(self.opts, "vector_widths", {}) or {}
+        return max(
+            [widths.get(leaf.arg.dtype.scalar(), 1) for leaf in self.leaves if leaf.op is not BufferOps.CONST] or [1]
+        )
+
+    def hand_coded_optimizations(self) -> None:
+        """Pick optimizations from the AST's shape and the renderer's abilities (deterministic)."""
+        if self.shape_len == 0 or not all(isinstance(s, int) for s in self.full_shape):
+            return
+        vw = self._vector_width()
+        globals_ = list(range(self.first_reduce))
+        if self.reduceops:
+            self._optimize_reduce(globals_, vw)
+        else:
+            self._optimize_elementwise(globals_, vw)
+        if self.opts.has_local and self.opts.global_max is not None:
+            self._optimize_locals()
+
+    def _divisor(self, size: int, choices: tuple[int, ...]) -> int:
+        return next((c for c in choices if size % c == 0 and c <= size), 0)
+
+    def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
+        loads = self._loads()
+        # a matmul-like reduce: global axes along which some input is broadcast (each output of the tile reuses
+        # the loads of the others); the one contiguous in another input becomes the vector axis
+        broadcast = [a for a in globals_ if any(self._stride(ld, a) == 0 for ld in loads)]
+        contiguous = [a for a in globals_ if any(self._stride(ld, a) == 1 for ld in loads)]
+        tile: list[tuple[int, int]] = []
+        if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
+            cols = [a for a in broadcast if a in contiguous]
+            col = cols[-1] if cols else broadcast[-1]
+            col_amount = self._divisor(_int(self.full_shape[col]), (2 * vw, vw, 8, 4, 2) if vw > 1 else (4, 2))
+            if col_amount:
+                tile.append((col, col_amount))
+            rows = [a for a in broadcast if a != col]
+            if rows:
+                row = rows[-1]
+                row_amount = self._divisor(_int(self.full_shape[row]), (8, 4, 2) if vw > 1 else (4, 2))
+                if row_amount:
+                    tile.append((row, row_amount))
+        elif (
+            contiguous
+            and self.n_reduce
+            and not any(self._stride(ld, self.first_reduce + self.n_reduce - 1) == 1 for ld in loads)
+        ):
+            # the reduce walks across rows: take a whole vector of neighbouring outputs at once
+            col = contiguous[-1]
+            amount = self._divisor(_int(self.full_shape[col]), (4 * vw, 2 * vw, vw, 4, 2) if vw > 1 else (4, 2))
+            if amount:
+                tile.append((col, amount))
+        elif globals_:
+            # a reduce along contiguous memory: independent accumulators hide the latency of each add
+            amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
+            if amount:
+                tile.append((globals_[-1], amount))
+        # upcast the higher axis first: splitting it does not move the other
+        for axis, amount in sorted(tile, reverse=True):
+            self._try(Opt(OptOps.UPCAST, axis, amount))
+        if self.n_reduce:
+            last = _int(self.full_shape[self.first_upcast - 1])
+            amount = last if last <= 4 else self._divisor(last, (4, 2))
+            if amount and prod(self.upcast_sizes) * amount <= MAX_LANES:
+                self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
+
+    def _optimize_elementwise(self, globals_: list[int], vw: int) -> None:
+        if vw <= 1:
+            return
+        out = self.ast
+        contiguous = [a for a in globals_ if self._stride(out, a) == 1]
+        if contiguous:
+            amount = self._divisor(_int(self.full_shape[contiguous[-1]]), (vw, 4, 2))
+            if amount:
+                self._try(Opt(OptOps.UPCAST, contiguous[-1], amount))
+
+    def _optimize_locals(self) -> None:
+        local_max = self.opts.local_max or (1,)
+        budget = max(local_max)
+        for axis in reversed(range(self.first_reduce - self.local_dims)):
+            size = self.full_shape[axis]
+            if not isinstance(size, int) or budget < 2 or self.local_dims >= 3:
+                break
+            amount = self._divisor(size, tuple(c for c in (32, 16, 8, 4, 2) if c <= budget))
+            if amount and self._try(Opt(OptOps.LOCAL, axis, amount)):
+                budget //= amount
+
+    # ***** output *****
+
     @property
     def name(self) -> str:
         prefix = "r" if self.reduceops else "E"
@@ -126,4 +396,5 @@ class Kernel:
             lin.op_estimate,
             lin.mem_estimate,
             uops,
+            lin.thread_extent,
         )

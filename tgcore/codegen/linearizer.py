@@ -7,6 +7,7 @@ symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Optional
 
 from tgcore.codegen.kernel import Kernel, dtype_of
@@ -17,6 +18,9 @@ from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, Unar
 from tgcore.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, sint
 
 _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+# a kernel's outermost loop is split across threads when it runs at least this many innermost iterations
+THREAD_MIN_WORK = 1 << 17
+_THREAD_BOUNDS = ("core_start", "core_end")
 
 
 class Linearizer:
@@ -31,6 +35,7 @@ class Linearizer:
         self.global_size: Optional[tuple[sint, ...]] = None
         self.local_size: Optional[tuple[int, ...]] = None
         self.variables: list[Variable] = []
+        self.thread_extent: Optional[int] = None
         self.op_estimate = 0
         self.mem_estimate = 0
 
@@ -129,22 +134,30 @@ class Linearizer:
         self.header.extend(self.var_uops.values())
         self.index_vars: dict[Variable, UOp] = {}
         self.ranges: list[UOp] = []
-        global_axes = list(range(k.first_reduce))
         self.axis_vars = [
             Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
-            for i, s in enumerate(k.full_shape)
+            for i, s in enumerate(k.full_shape[: k.first_upcast])
         ]
-        self._open_globals(global_axes)
+        # lanes: every combination of the upcast axes' indices, in C order (the last axis varies fastest)
+        self.upcast_axes = list(range(k.first_upcast, k.shape_len))
+        self.lanes = list(itertools.product(*(range(s) for s in k.upcast_sizes)))
+        self.unrolled = [j for j, a in enumerate(self.upcast_axes) if k.is_reduce_axis(a)]
+        self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
+        self._open_globals()
         # lowered AST nodes, one dict per open reduce loop (a value computed inside a loop is not valid after it)
-        self.ast_caches: list[dict[LazyOp, UOp]] = [{}]
+        self.ast_caches: list[dict[LazyOp, list[UOp]]] = [{}]
         store = k.ast
-        value = self.lower(store.src[0])
-        out_idx, _ = self.index(store)
-        self.uop(UOps.STORE, None, (self.buffers[0], out_idx, value), cse=False)
+        values = self.lower(store.src[0])
+        lane_combo, combos = self.index_nodes(store)
+        stored: set[int] = set()
+        for lane, combo in enumerate(lane_combo):
+            if combo not in stored:  # lanes of an unrolled axis store the same element
+                stored.add(combo)
+                self.uop(UOps.STORE, None, (self.buffers[0], self.node(combos[combo][0]), values[lane]), cse=False)
         for r in reversed(self.ranges):
             self.close_range(r)
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
-        iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
+        iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape[: k.first_upcast]])
         self.op_estimate = n_alu * iterations
         self.mem_estimate = sum(
             leaf.arg.dtype.itemsize * leaf.arg.st.real_size() for leaf in k.leaves if leaf.op is not BufferOps.CONST
@@ -152,12 +165,31 @@ class Linearizer:
         self.uops = self.header + self.uops
         return self.uops
 
-    def _open_globals(self, axes: list[int]) -> None:
+    def _threaded(self, axes: list[int]) -> bool:
+        """Whether the outermost loop is split across threads: a big kernel that does not read its output."""
         k = self.k
+        if not k.opts.threads or not axes or not isinstance(k.full_shape[axes[0]], int) or k.full_shape[axes[0]] < 2:
+            return False
+        if any(leaf.op is BufferOps.LOAD and leaf.arg.idx == 0 for leaf in k.leaves):
+            return False  # an in-place update may read what another thread writes
+        work = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
+        return work >= THREAD_MIN_WORK
+
+    def _open_globals(self) -> None:
+        k = self.k
+        axes = list(range(k.first_reduce - k.local_dims))
+        local_axes = list(range(k.first_reduce - k.local_dims, k.first_reduce))
         sizes = [k.full_shape[a] for a in axes]
         if self.k.opts.global_max is None:
-            for a, s in zip(axes, sizes):
-                r = self.open_range(self.const(0, dtypes.int32), self.node(s), a, False)
+            for n, (a, s) in enumerate(zip(axes, sizes)):
+                if n == 0 and self._threaded(axes):
+                    assert isinstance(s, int)
+                    self.thread_extent = s
+                    bounds = [UOp(UOps.DEFINE_VAR, dtypes.int32, (), (name, 0, s)) for name in _THREAD_BOUNDS]
+                    self.header.extend(bounds)
+                    r = self.open_range(bounds[0], bounds[1], a, False)
+                else:
+                    r = self.open_range(self.const(0, dtypes.int32), self.node(s), a, False)
                 self.ranges.append(r)
                 self.index_vars[self.axis_vars[a]] = r
             return
@@ -183,67 +215,108 @@ class Linearizer:
                 )
                 stride = stride * s
             self.global_size = (total, 1, 1)
-        self.local_size = (1, 1, 1)
+        local_size = [1, 1, 1]
+        for dim, a in enumerate(reversed(local_axes)):  # the innermost local axis is local dimension 0
+            size = k.full_shape[a]
+            assert isinstance(size, int)
+            self.index_vars[self.axis_vars[a]] = self.uop(
+                UOps.SPECIAL, dtypes.int32, (), (dim, f"lidx{dim}", size), cse=False
+            )
+            local_size[dim] = size
+        self.local_size = tuple(local_size)
 
-    def index(self, leaf: LazyOp) -> tuple[UOp, Optional[Node]]:
-        """The flat index uop of a buffer access, and its validity Node (None when always valid)."""
+    def index_nodes(self, leaf: LazyOp) -> tuple[list[int], list[tuple[Node, Optional[Node]]]]:
+        """For each lane, which distinct access of `leaf` it makes; and each distinct access as its (flat index,
+        validity) Nodes (validity None when always valid). Lanes of an axis the buffer does not vary along share."""
+        if leaf in self.index_nodes_cache:
+            return self.index_nodes_cache[leaf]
         st = self.k.sts[leaf]
-        idxs: list[Node] = [NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(len(st.shape))]
-        idx, valid = st.expr_idxs(idxs)
-        valid_node = None if isinstance(valid, NumNode) and int(valid.b) == 1 else valid
-        return self.node(idx), valid_node
+        loop_idxs: list[Node] = [
+            NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(self.k.first_upcast)
+        ]
+        varying = [j for j, a in enumerate(self.upcast_axes) if st.shape[a] != 1]
+        combo_of: dict[tuple[int, ...], int] = {}
+        combos: list[tuple[Node, Optional[Node]]] = []
+        lane_combo: list[int] = []
+        for lane in self.lanes:
+            key = tuple(lane[j] for j in varying)
+            if key not in combo_of:
+                up: list[Node] = [NumNode(lane[j] if j in varying else 0) for j in range(len(self.upcast_axes))]
+                idx, valid = st.expr_idxs(loop_idxs + up)
+                combo_of[key] = len(combos)
+                combos.append((idx, None if isinstance(valid, NumNode) and int(valid.b) == 1 else valid))
+            lane_combo.append(combo_of[key])
+        self.index_nodes_cache[leaf] = (lane_combo, combos)
+        return lane_combo, combos
 
-    def lower(self, op: LazyOp) -> UOp:
-        """The uop computing AST node `op` at the current position (each shared node is lowered once per scope)."""
+    def lower(self, op: LazyOp) -> list[UOp]:
+        """The uops computing AST node `op` at the current position, one per lane (each shared node is lowered
+        once per scope)."""
         for cache in reversed(self.ast_caches):
             if op in cache:
                 return cache[op]
         out = self.ast_caches[-1][op] = self._lower(op)
         return out
 
-    def _lower(self, op: LazyOp) -> UOp:
+    def _lower(self, op: LazyOp) -> list[UOp]:
         if op.op in ReduceOps:
             return self.reduce(op)
+        if op.op in (BufferOps.CONST, BufferOps.LOAD):
+            lane_combo, combos = self.index_nodes(op)
+            per_combo = [self._lower_leaf(op, idx, valid) for idx, valid in combos]
+            return [per_combo[c] for c in lane_combo]
+        srcs = [self.lower(s) for s in op.src]
+        if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
+            kind = UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST
+            return [self.uop(kind, op.arg, (x,)) for x in srcs[0]]
+        dt = dtype_of(op)
+        return [self.alu(op.op, dt, *lane) for lane in zip(*srcs)]
+
+    def _lower_leaf(self, op: LazyOp, idx: Node, valid: Optional[Node]) -> UOp:
+        dt = op.arg.dtype
         if op.op is BufferOps.CONST:
-            dt = op.arg.dtype
             val = self.var_uops[op.arg.val.expr] if isinstance(op.arg.val, Variable) else self.const(op.arg.val, dt)
             if isinstance(op.arg.val, Variable) and dt != dtypes.int32:
                 val = self.uop(UOps.CAST, dt, (val,))
-            _, valid = self.index(op)
             if valid is None:
                 return val
             if isinstance(valid, NumNode):
                 return self.const(0, dt)
             return self.alu(TernaryOps.WHERE, dt, self.node(valid), val, self.const(0, dt))
-        if op.op is BufferOps.LOAD:
-            dt = op.arg.dtype
-            idx, valid = self.index(op)
-            buf = self.buffers[op.arg.idx]
-            if valid is None:
-                return self.uop(UOps.LOAD, dt, (buf, idx))
-            if isinstance(valid, NumNode):
-                return self.const(0, dt)
-            return self.uop(UOps.LOAD, dt, (buf, idx, self.node(valid), self.const(0, dt)))
-        srcs = tuple(self.lower(s) for s in op.src)
-        if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
-            return self.uop(UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST, op.arg, srcs)
-        return self.alu(op.op, dtype_of(op), *srcs)
+        buf = self.buffers[op.arg.idx]
+        if valid is None:
+            return self.uop(UOps.LOAD, dt, (buf, self.node(idx)))
+        if isinstance(valid, NumNode):
+            return self.const(0, dt)
+        return self.uop(UOps.LOAD, dt, (buf, self.node(idx), self.node(valid), self.const(0, dt)))
 
-    def reduce(self, op: LazyOp) -> UOp:
+    def reduce(self, op: LazyOp) -> list[UOp]:
         k = self.k
         dt = dtype_of(op.src[0])
         init = 0 if op.op is ReduceOps.SUM else dtypes.min(dt)
-        reduce_axes = list(range(k.first_reduce, k.shape_len))
-        acc = self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False)
+
+        def outer(lane: tuple[int, ...]) -> tuple[int, ...]:  # the lane's indices on the global upcast axes
+            return tuple(v for j, v in enumerate(lane) if j not in self.unrolled)
+
+        accs: dict[tuple[int, ...], UOp] = {}
+        for lane in self.lanes:
+            if outer(lane) not in accs:
+                accs[outer(lane)] = self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False)
         loops = []
-        for a in reduce_axes:
+        for a in range(k.first_reduce, k.first_upcast):
             r = self.open_range(self.const(0, dtypes.int32), self.node(k.full_shape[a]), a, True)
             self.index_vars[self.axis_vars[a]] = r
             loops.append(r)
         self.ast_caches.append({})
-        val = self.lower(op.src[0])
+        vals = self.lower(op.src[0])
         self.ast_caches.pop()
-        self.uop(UOps.PHI, dt, (acc, self.alu(_REDUCE_ALU[op.op], dt, acc, val)), cse=False)
+        # each accumulator adds its unrolled lanes in index order: the order of the loop they replace
+        current = dict(accs)
+        order = sorted(range(len(self.lanes)), key=lambda i: ([self.lanes[i][j] for j in self.unrolled], i))
+        for i in order:
+            key = outer(self.lanes[i])
+            new = self.uop(UOps.ALU, dt, (current[key], vals[i]), _REDUCE_ALU[op.op], cse=False)  # type: ignore[index]
+            current[key] = self.uop(UOps.PHI, dt, (accs[key], new), cse=False)
         for r in reversed(loops):
             self.close_range(r)
-        return acc
+        return [accs[outer(lane)] for lane in self.lanes]

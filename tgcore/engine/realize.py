@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from tgcore.codegen.kernel import Kernel
 from tgcore.device import Buffer, Device
-from tgcore.helpers import DEBUG, GlobalCounters, colored
+from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, getenv
 from tgcore.ops import BufferOps, LazyOp, LoadOps
-from tgcore.renderer import ProgramSpec
+from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.symbolic import Variable, sym_infer
 
 
@@ -40,10 +43,42 @@ class CompiledRunner(Runner):
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
         gs = tuple(sym_infer(s, var_vals) for s in self.p.global_size) if self.p.global_size is not None else None
         vals = tuple(var_vals[v] for v in self.p.variables)
+        if self.p.thread_extent is not None:
+            return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, self.p.thread_extent, wait)
         kwargs: dict[str, Any] = {"vals": vals, "wait": wait}
         if gs is not None:
             kwargs["global_size"], kwargs["local_size"] = gs, self.p.local_size
         return self.clprg(*[b._opaque for b in bufs], **kwargs)
+
+
+def thread_count() -> int:
+    """Host threads a kernel may use: TGCORE_THREADS, else the cores this process may run on."""
+    if (n := getenv("TGCORE_THREADS", 0)) > 0:
+        return int(n)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tgcore-kernel")
+
+
+def _run_threaded(prg: Any, opaques: list[Any], vals: tuple[int, ...], extent: int, wait: bool) -> Optional[float]:
+    """Run a kernel whose outermost loop is bounded by its last two vals, split in contiguous parts across threads
+    (each output element is written by exactly one part, so the result is the same on any number of threads)."""
+    parts = min(thread_count(), extent)
+    st = time.perf_counter()
+    if parts <= 1:
+        prg(*opaques, vals=vals + (0, extent))
+    else:
+        bounds = [extent * i // parts for i in range(parts + 1)]
+        futures = [
+            _pool(parts - 1).submit(prg, *opaques, vals=vals + (bounds[i], bounds[i + 1])) for i in range(1, parts)
+        ]
+        prg(*opaques, vals=vals + (bounds[0], bounds[1]))  # the first part on this thread
+        for f in futures:
+            f.result()
+    return time.perf_counter() - st if wait else None
 
 
 class BufferCopy(Runner):
@@ -86,14 +121,24 @@ class EmptyRunner(Runner):
         return None
 
 
-_runner_cache: dict[tuple[str, LazyOp], CompiledRunner] = {}
+_runner_cache: dict[tuple[str, LazyOp, int, int], CompiledRunner] = {}
+
+
+def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
+    """The Kernel for `ast`, optimized for `renderer` unless NOOPT: BEAM search when BEAM=n, else heuristics."""
+    k = Kernel(ast, renderer)
+    if not NOOPT:
+        k.hand_coded_optimizations()
+    if DEBUG >= 3:
+        print(f"{k.name}: {k.applied_opts}")
+    return k
 
 
 def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
-    """The compiled kernel for `ast` on `device` (lowered and compiled once per process)."""
-    key = (device, ast)
+    """The compiled kernel for `ast` on `device` (lowered and compiled once per process and optimization setting)."""
+    key = (device, ast, NOOPT.value, BEAM.value)
     if (runner := _runner_cache.get(key)) is None:
-        runner = _runner_cache[key] = CompiledRunner(device, Kernel(ast, Device[device].renderer).to_program())
+        runner = _runner_cache[key] = CompiledRunner(device, get_kernel(Device[device].renderer, ast).to_program())
     return runner
 
 

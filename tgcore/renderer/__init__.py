@@ -22,6 +22,13 @@ class Renderer:
     shared_max: int = 0  # bytes of shared memory per workgroup
     supports_float4: bool = False  # vector loads and stores of 4 elements
     tensor_cores: list[Any] = []
+    # elements of each dtype that one vector register holds: the optimizer upcasts contiguous axes to this width
+    # (plain upcasting, no vector uops: the target compiler vectorizes the repeated scalar code)
+    vector_widths: dict[Any, int] = {}
+    # CPU-style kernels (global_max None) only: the outermost global loop may run on several host threads. A kernel
+    # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",
+    # bound that loop; the core calls it once per thread with the vals of its part of range(n)
+    threads: bool = False
 
     def render(self, name: str, uops: list[UOp]) -> str:
         raise NotImplementedError(f"{type(self).__name__} does not implement render")
@@ -41,3 +48,5 @@ class ProgramSpec:
     op_estimate: int = 0
     mem_estimate: int = 0
     uops: list[UOp] = field(default_factory=list, compare=False, repr=False)
+    # set when the outermost loop can be split across threads: its extent; the last two vals bound it
+    thread_extent: Optional[int] = None

@@ -35,6 +35,9 @@ class CStyleLanguage(Renderer):
     float_compute: dict[DType, DType] = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32}
     infinity: str = "INFINITY"
     nan: str = "NAN"
+    # spell an access at index `x + c` (c a constant) as `(buf+x)[c]`: the constant becomes part of the address
+    # instead of int arithmetic, which a compiler told that ints wrap (-fwrapv) cannot fold into the address
+    pointer_offsets: bool = False
 
     # ***** spellings a dialect may override *****
 
@@ -80,6 +83,12 @@ class CStyleLanguage(Renderer):
             return f"{fn}f({x})"
         compute = self.float_compute[dt]
         return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
+
+    def render_access(self, buf: str, idx: UOp, names: dict[int, str]) -> str:
+        """The element of `buf` at index uop `idx`."""
+        if self.pointer_offsets and idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.src[1].op is UOps.CONST:
+            return f"({buf}+{names[id(idx.src[0])]})[{names[id(idx.src[1])]}]"
+        return f"{buf}[{names[id(idx)]}]"
 
     def render_kernel(
         self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
@@ -201,10 +210,10 @@ class CStyleLanguage(Renderer):
             elif u.op is UOps.LOAD:
                 assert dt is not None
                 n = names[id(u)] = fresh("val")
-                load = f"{s[0]}[{s[1]}]"
+                load = self.render_access(s[0], u.src[1], names)
                 emit(f"{self.render_dtype(dt)} {n} = {f'({s[2]})?({load}):({s[3]})' if len(s) == 4 else load};")
             elif u.op is UOps.STORE:
-                store = f"{s[0]}[{s[1]}] = {s[2]};"
+                store = f"{self.render_access(s[0], u.src[1], names)} = {s[2]};"
                 emit(f"if ({s[3]}) {store}" if len(s) == 4 else store)
             elif u.op is UOps.ALU:
                 assert dt is not None and u.src[0].dtype is not None

@@ -1,0 +1,180 @@
+"""The kernel optimizer: every optimization leaves every result bit for bit the same as the unoptimized kernel.
+
+Each case schedules a tensor expression, then runs its last kernel unoptimized (NOOPT) and optimized (the
+heuristics, or a given list of Opts) on the same input buffers, on PYTHON and, where it is installed, CLANG.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import pytest
+
+from tgcore import Device, Tensor, dtypes
+from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.device import Buffer
+from tgcore.dtype import DType
+from tgcore.engine.realize import CompiledRunner, get_kernel
+from tgcore.helpers import Context
+from tgcore.ops import BufferOps
+
+DEVICES = ["PYTHON"] + [d for d in ("CLANG",) if Device.status(d) is None]
+
+
+def data(shape: tuple[int, ...], dtype: DType = dtypes.float32, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtypes.is_float(dtype):
+        return rng.standard_normal(shape).astype(dtype.np)  # type: ignore[arg-type]
+    return rng.integers(-100, 100, shape).astype(dtype.np)  # type: ignore[arg-type]
+
+
+def last_kernel(device: str, build: Callable[..., Tensor], *inputs: np.ndarray):  # type: ignore[no-untyped-def]
+    """The last kernel of the schedule of `build(*inputs)` on `device`, with everything before it realized."""
+    out = build(*[Tensor(x, device=device) for x in inputs])
+    schedule = out.schedule()
+    from tgcore.engine.realize import run_schedule
+
+    run_schedule(schedule[:-1])
+    si = schedule[-1]
+    assert si.ast.op is BufferOps.STORE
+    return si
+
+
+def run(device: str, si, kernel: Kernel) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """The output of `kernel` on the schedule item's input buffers, in a fresh output buffer."""
+    out = si.outputs[0]
+    dest = Buffer(device, out.size, out.dtype).allocate()
+    inputs = [x.base.buffer.allocate() for x in si.inputs]
+    CompiledRunner(device, kernel.to_program())([dest] + inputs, si.var_vals)
+    return dest.numpy()
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equal (NaNs of any payload equal)."""
+    if a.dtype.kind == "f":
+        return bool(np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b)))
+    return bool(np.array_equal(a, b))
+
+
+def check(device: str, build: Callable[..., Tensor], *inputs: np.ndarray, opts: Optional[list[Opt]] = None) -> Kernel:
+    si = last_kernel(device, build, *inputs)
+    renderer = Device[device].renderer
+    reference = run(device, si, Kernel(si.ast, renderer))
+    if opts is None:
+        k = get_kernel(renderer, si.ast)
+    else:
+        k = Kernel(si.ast, renderer)
+        k.apply_opts(opts)
+    got = run(device, si, k)
+    assert same(reference, got), f"{k.applied_opts} changed the result: max diff {np.abs(reference - got).max()}"
+    return k
+
+
+CASES: dict[str, tuple[Callable[..., Tensor], list[tuple[int, ...]]]] = {
+    "matmul": (lambda a, b: a @ b, [(32, 48), (48, 64)]),
+    "matmul_odd": (lambda a, b: a @ b, [(13, 7), (7, 11)]),
+    "matmul_vector": (lambda a, b: a @ b, [(1, 40), (40, 24)]),
+    "batched_matmul": (lambda a, b: a @ b, [(3, 8, 12), (3, 12, 16)]),
+    "matmul_relu": (lambda a, b: (a @ b).relu() * 2 + 1, [(16, 32), (32, 16)]),
+    "conv2d": (lambda x, w: x.conv2d(w), [(2, 4, 10, 10), (8, 4, 3, 3)]),
+    "conv2d_padded": (lambda x, w: x.conv2d(w, padding=1), [(2, 3, 8, 8), (4, 3, 3, 3)]),
+    "sum_rows": (lambda a: a.sum(axis=1), [(24, 40)]),
+    "sum_columns": (lambda a: a.sum(axis=0), [(40, 24)]),
+    "sum_all": (lambda a: a.sum(), [(16, 36)]),
+    "max_middle": (lambda a: a.max(axis=1), [(4, 12, 8)]),
+    "softmax": (lambda a: a.softmax(), [(8, 32)]),
+    "elementwise": (lambda a, b: (a + b) * a - b * 3, [(32, 40), (32, 40)]),
+    "broadcast": (lambda a, b: (a * b).exp(), [(32, 1), (1, 40)]),
+    "transpose": (lambda a: a.T * 2, [(24, 40)]),
+    "pad": (lambda a: a.pad(((1, 2), (3, 0))) + 1, [(16, 16)]),
+    "odd_size": (lambda a: a * 3 + 1, [(97,)]),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_heuristics_keep_results(device: str, case: str) -> None:
+    build, shapes = CASES[case]
+    check(device, build, *[data(s, seed=i) for i, s in enumerate(shapes)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.float16, dtypes.int8])
+def test_heuristics_keep_results_other_dtypes(device: str, dtype: DType) -> None:
+    a, b = data((16, 24), dtype), data((24, 32), dtype, seed=1)
+    check(device, lambda x, y: x @ y, a, b)
+    check(device, lambda x: x.sum(axis=0), a)
+    check(device, lambda x, y: x * 3 + y[:16, :24], a, b)
+
+
+def test_heuristics_optimize_matmul_and_elementwise() -> None:
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((64, 64)), data((64, 64)))
+    k = get_kernel(Device["PYTHON"].renderer, si.ast)
+    kinds = {o.op for o in k.applied_opts}
+    assert OptOps.UPCAST in kinds and OptOps.UNROLL in kinds
+    with Context(NOOPT=1):
+        assert get_kernel(Device["PYTHON"].renderer, si.ast).applied_opts == []
+
+
+def test_heuristics_are_deterministic() -> None:
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((32, 64)), data((64, 16)))
+    runs = [get_kernel(Device["PYTHON"].renderer, si.ast) for _ in range(2)]
+    assert runs[0].applied_opts == runs[1].applied_opts
+    assert runs[0].to_program().src == runs[1].to_program().src
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "opts",
+    [
+        [Opt(OptOps.UPCAST, 0, 4)],
+        [Opt(OptOps.UPCAST, 1, 0)],
+        [Opt(OptOps.UNROLL, 0, 0)],
+        [Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.UNROLL, 0, 3)],
+        [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4)],
+        [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.UNROLL, 0, 12)],
+    ],
+    ids=repr,
+)
+def test_explicit_opts_keep_results(device: str, opts: list[Opt]) -> None:
+    check(device, lambda a, b: a @ b, data((8, 24)), data((24, 16)), opts=opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unroll_keeps_the_order_of_a_float_sum(device: str) -> None:
+    # values whose float32 sum depends on the order: any reordering shows up in the low bits
+    x = (np.random.default_rng(3).standard_normal((4, 64)) * 10.0 ** np.arange(64) % 1e6).astype(np.float32)
+    for opts in (
+        [Opt(OptOps.UNROLL, 0, 4)],
+        [Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.UNROLL, 0, 2)],
+        [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 0)],
+    ):
+        check(device, lambda a: a.sum(axis=1), x, opts=opts)
+
+
+def test_invalid_opts_are_refused_without_change() -> None:
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((8, 24)), data((24, 16)))
+    k = Kernel(si.ast, Device["PYTHON"].renderer)
+    shape = k.full_shape
+    for bad in (
+        Opt(OptOps.UPCAST, 0, 3),  # does not divide 8
+        Opt(OptOps.UPCAST, 2, 2),  # the reduce axis is not a global axis
+        Opt(OptOps.UNROLL, 1, 2),  # there is one reduce loop
+        Opt(OptOps.SWAP, 1, 0),
+        Opt(OptOps.LOCAL, 0, 2),  # PYTHON has no workgroups
+    ):
+        with pytest.raises(KernelOptError):
+            k.apply_opt(bad)
+        assert k.full_shape == shape and k.applied_opts == []
+
+
+def test_only_the_innermost_reduce_loop_unrolls() -> None:
+    si = last_kernel("PYTHON", lambda a: a.sum(axis=(0, 2)), data((6, 5, 8)))
+    k = Kernel(si.ast, Device["PYTHON"].renderer)
+    assert k.n_reduce == 2
+    with pytest.raises(KernelOptError):
+        k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+    k.apply_opt(Opt(OptOps.UNROLL, 1, 0))  # the whole inner loop: the outer one becomes the innermost
+    k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+    assert k.n_reduce == 1
