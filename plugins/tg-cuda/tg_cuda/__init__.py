@@ -1,0 +1,112 @@
+"""tg-cuda: the CUDA device. Kernels are rendered to CUDA C++, compiled by NVRTC (from the `nvidia-cuda-nvrtc`
+wheel) to PTX, and run through the CUDA driver API on cuMemAlloc memory. `CUDA` is GPU 0, `CUDA:N` is GPU N.
+
+Without an NVIDIA driver or GPU the device is listed as unavailable with the reason, and its renderer and compiler
+still answer, so `tg-conformance --device CUDA --compile-only` renders and compiles every kernel to PTX.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from tg_cuda.allocator import CUDAAllocator
+from tg_cuda.compiler import ARCH_ENV, DEFAULT_ARCH, CUDACompiler, parse_arch
+from tg_cuda.driver import (
+    DEVICE,
+    CUDAError,
+    DriverUnavailable,
+    describe_devices,
+    device_count,
+    driver,
+    open_device,
+    ordinal_of,
+)
+from tg_cuda.nvrtc import NVRTCUnavailable, load_nvrtc
+from tg_cuda.renderer import CUDARenderer
+from tg_cuda.runtime import CUDAProgram
+from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+
+__version__ = "0.1.0"
+
+
+def probe(instance: str = DEVICE) -> Optional[str]:
+    """None when `instance` ("CUDA" or "CUDA:N") can run kernels here, else why not. (The core asks about the
+    device with no argument and about each instance, e.g. "CUDA:1", with its name.)"""
+    try:
+        ordinal = ordinal_of(instance)
+        count = device_count()
+        if count == 0:
+            return "the NVIDIA driver sees no CUDA device"
+        if ordinal >= count:
+            return f"there is no CUDA device {ordinal}: this machine has {count} ({describe_devices()})"
+        gpu = open_device(ordinal)
+        driver_version = driver().version()
+    except (DriverUnavailable, CUDAError, ValueError) as e:
+        return str(e)
+    try:
+        nvrtc = load_nvrtc()
+    except NVRTCUnavailable as e:
+        return f"{e} (kernels cannot be compiled for {gpu.name})"
+    arch = gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
+    if arch not in nvrtc.supported_archs and ARCH_ENV not in os.environ:
+        return (
+            f"{gpu.name} is sm_{arch}, which NVRTC {nvrtc.version[0]}.{nvrtc.version[1]} does not compile for "
+            f"(it supports sm_{min(nvrtc.supported_archs)} and newer): install an nvidia-cuda-nvrtc for this GPU"
+        )
+    if driver_version < nvrtc.version:
+        return (
+            f"the NVIDIA driver supports CUDA {driver_version[0]}.{driver_version[1]}, older than NVRTC "
+            f"{nvrtc.version[0]}.{nvrtc.version[1]}, whose PTX it cannot load: install "
+            f"nvidia-cuda-nvrtc=={driver_version[0]}.{driver_version[1]}.* or update the driver"
+        )
+    return None
+
+
+def target_arch(instance: str = DEVICE) -> int:
+    """The architecture kernels for `instance` are compiled for: $TG_CUDA_ARCH, else the GPU's, else sm_90."""
+    if env := os.environ.get(ARCH_ENV):
+        return parse_arch(env)
+    try:
+        gpu = open_device(ordinal_of(instance))
+    except (DriverUnavailable, CUDAError, ValueError):
+        return DEFAULT_ARCH
+    return gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
+
+
+def _is_mine(device: str) -> bool:
+    return device.partition(":")[0].upper() == DEVICE
+
+
+@hookimpl
+def tg_register_devices(registry: Any) -> None:
+    registry.add(
+        DeviceSpec(
+            DEVICE,
+            PLUGIN_API_VERSION,
+            priority=40,
+            probe=probe,
+            dtypes=ALL_DTYPES,
+            description="CUDA C++ compiled by NVRTC to PTX, run through the CUDA driver API",
+        )
+    )
+
+
+@hookimpl
+def tg_renderer(device: str) -> Optional[CUDARenderer]:
+    return CUDARenderer() if _is_mine(device) else None
+
+
+@hookimpl
+def tg_compiler(device: str, instance: str) -> Optional[CUDACompiler]:
+    return CUDACompiler(target_arch(instance)) if _is_mine(device) else None
+
+
+@hookimpl
+def tg_allocator(device: str, instance: str) -> Optional[CUDAAllocator]:
+    return CUDAAllocator(open_device(ordinal_of(instance))) if _is_mine(device) else None
+
+
+@hookimpl
+def tg_runtime(device: str) -> Optional[type]:
+    return CUDAProgram if _is_mine(device) else None
