@@ -12,7 +12,7 @@ import math
 from typing import Callable, Optional
 
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.dtype import DType, PtrDType, dtypes
+from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
 
@@ -49,7 +49,7 @@ class CStyleLanguage(Renderer):
         if dt == dtypes.bool:
             return "1" if val else "0"
         if dtypes.is_float(dt):
-            v = float(val)  # type: ignore[arg-type]
+            v = float(truncate(val, dt))  # rounded to the dtype here, so the C compiler's parse is exact
             if math.isnan(v):
                 text = self.nan
             elif math.isinf(v):
