@@ -178,3 +178,42 @@ def test_only_the_innermost_reduce_loop_unrolls() -> None:
     k.apply_opt(Opt(OptOps.UNROLL, 1, 0))  # the whole inner loop: the outer one becomes the innermost
     k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
     assert k.n_reduce == 1
+
+
+# ***** the caches that keep Python off the hot path: they must never change a result *****
+
+
+def test_schedule_cache_tells_apart_what_changes_a_kernel() -> None:
+    from tgcore.engine import schedule
+
+    x = Tensor(np.array([-0.0, 1.5, -2.0], dtype=np.float32))
+    for _ in range(2):  # the second round comes from the cache
+        assert np.signbit((x + 0.0).numpy()[0]) == np.False_
+        assert np.signbit((x + -0.0).numpy()[0]) == np.True_
+        assert (x + 1).numpy().tolist() == [1.0, 2.5, -1.0]
+        assert Tensor(np.arange(5, dtype=np.float32)).sum().item() == 10.0
+        assert Tensor(np.arange(7, dtype=np.float32)).sum().item() == 21.0
+        assert Tensor(np.arange(7, dtype=np.float32)).max().item() == 6.0
+    a = Tensor(np.ones(4, dtype=np.float32)).realize()
+    first, second = (a * 3).schedule(), (a * 3).schedule()
+    assert first[0].ast is second[0].ast  # the same AST object: the runner lookup is an identity check
+    assert len(schedule._schedule_cache) > 0
+
+
+def test_jit_replay_launches_directly_and_counts() -> None:
+    from tgcore import GlobalCounters, TinyJit
+    from tgcore.engine.jit import JitError
+
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        return (x * 2 + y).realize()
+
+    for i in range(5):
+        x = Tensor(np.full(8, i, dtype=np.float32)).realize()
+        y = Tensor(np.arange(8, dtype=np.float32)).realize()
+        GlobalCounters.reset()
+        out = step(x, y=y)
+        assert GlobalCounters.kernel_count == 1
+        assert out.numpy().tolist() == (2 * i + np.arange(8)).tolist()
+    with pytest.raises(JitError):
+        step(Tensor(np.zeros(9, dtype=np.float32)).realize(), y=Tensor(np.zeros(9, dtype=np.float32)).realize())

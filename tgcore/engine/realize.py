@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 from tgcore.codegen.kernel import Kernel
 from tgcore.device import Buffer, Device
-from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, getenv
+from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored
 from tgcore.ops import BufferOps, LazyOp, LoadOps
 from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.symbolic import Variable, sym_infer
@@ -41,19 +41,19 @@ class CompiledRunner(Runner):
         self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        gs = tuple(sym_infer(s, var_vals) for s in self.p.global_size) if self.p.global_size is not None else None
-        vals = tuple(var_vals[v] for v in self.p.variables)
-        if self.p.thread_extent is not None:
-            return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, self.p.thread_extent, wait)
-        kwargs: dict[str, Any] = {"vals": vals, "wait": wait}
-        if gs is not None:
-            kwargs["global_size"], kwargs["local_size"] = gs, self.p.local_size
-        return self.clprg(*[b._opaque for b in bufs], **kwargs)
+        p = self.p
+        vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
+        if p.thread_extent is not None:
+            return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait)
+        if p.global_size is None:
+            return self.clprg(*[b._opaque for b in bufs], vals=vals, wait=wait)
+        gs = tuple(sym_infer(s, var_vals) for s in p.global_size)
+        return self.clprg(*[b._opaque for b in bufs], global_size=gs, local_size=p.local_size, vals=vals, wait=wait)
 
 
 def thread_count() -> int:
     """Host threads a kernel may use: TGCORE_THREADS, else the cores this process may run on."""
-    if (n := getenv("TGCORE_THREADS", 0)) > 0:
+    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
         return int(n)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -121,7 +121,19 @@ class EmptyRunner(Runner):
         return None
 
 
-_runner_cache: dict[tuple[str, LazyOp, int, int], CompiledRunner] = {}
+_runner_cache: dict[tuple[Any, ...], CompiledRunner] = {}
+# the same, by the identity of the AST object: a cached schedule hands out the same ASTs again, and this lookup
+# costs no walk of the AST (the AST is kept with its runner, so its id is not reused)
+_runner_by_id: dict[tuple[int, str, int, int], tuple[LazyOp, CompiledRunner]] = {}
+
+
+def _exact_consts(ast: LazyOp) -> tuple[Any, ...]:
+    """The AST's constants as values that tell 0.0 from -0.0 (which LazyOp equality does not)."""
+    return tuple(
+        (float, x.arg.val.hex()) if isinstance(x.arg.val, float) else (type(x.arg.val), x.arg.val)
+        for x in ast.lazyops()
+        if x.op is BufferOps.CONST
+    )
 
 
 def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
@@ -136,9 +148,15 @@ def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
 
 def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device` (lowered and compiled once per process and optimization setting)."""
-    key = (device, ast, NOOPT.value, BEAM.value)
+    by_id = (id(ast), device, NOOPT.value, BEAM.value)
+    if (hit := _runner_by_id.get(by_id)) is not None and hit[0] is ast:
+        return hit[1]
+    key = (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
     if (runner := _runner_cache.get(key)) is None:
         runner = _runner_cache[key] = CompiledRunner(device, get_kernel(Device[device].renderer, ast).to_program())
+    if len(_runner_by_id) >= 8192:
+        _runner_by_id.clear()
+    _runner_by_id[by_id] = (ast, runner)
     return runner
 
 

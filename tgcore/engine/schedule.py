@@ -12,7 +12,7 @@ Fusion rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from tgcore.lazy import LazyBuffer
 from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
@@ -202,6 +202,99 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
     bases = list(dict.fromkeys(x.base for x in outs if x.base.realized is None))
     if not bases:
         return [], {}
+    graph_key = _graph_key(bases)
+    if graph_key is not None and (template := _schedule_cache.get(graph_key[0])) is not None:
+        return _instantiate(template, graph_key[1], graph_key[2]), {}
+    schedule, var_vals = _create_schedule(bases)
+    if graph_key is not None and not var_vals:
+        key, nodes, leaves = graph_key
+        if (template := _template(schedule, nodes, leaves)) is not None:
+            if len(_schedule_cache) >= _SCHEDULE_CACHE_SIZE:
+                _schedule_cache.pop(next(iter(_schedule_cache)))
+            _schedule_cache[key] = template
+    return schedule, var_vals
+
+
+# ***** the schedule cache: a graph that repeats (an op in a loop, a training step) is scheduled once *****
+
+# the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure
+_CACHEABLE = (UnaryOps, BinaryOps, TernaryOps, ReduceOps)
+_SCHEDULE_CACHE_SIZE = 4096
+# a template: per kernel, (ast, index of its output among the graph's nodes, where each input comes from)
+_Template = list[tuple[LazyOp, int, tuple[tuple[bool, int], ...]]]
+_schedule_cache: dict[tuple[Any, ...], _Template] = {}
+
+
+def _arg_key(arg: Any) -> Any:
+    # floats by their bits (0.0 and -0.0 differ, a NaN equals itself); True and 1 differ by type
+    return (float, arg.hex()) if isinstance(arg, float) else (type(arg), arg)
+
+
+def _graph_key(
+    bases: list[LazyBuffer],
+) -> Optional[tuple[tuple[Any, ...], list[LazyBuffer], list[LazyBuffer]]]:
+    """A key that equals another graph's exactly when scheduling both gives the same kernels (up to which buffers
+    they run on), with the graph's unrealized bases and realized buffers in the order the key numbers them; None
+    for a graph the cache does not take (symbolic shapes, assigns, copies, custom ops). A graph whose views hold
+    bound Variables gets a key, but its schedule has var_vals and is never stored."""
+    nodes: dict[LazyBuffer, int] = {}
+    leaves: dict[LazyBuffer, int] = {}
+    parts: list[Any] = []
+    stack: list[tuple[LazyBuffer, bool]] = [(b, False) for b in reversed(bases)]
+    while stack:
+        b, expanded = stack.pop()
+        if b in nodes:
+            continue
+        if not expanded:
+            stack.append((b, True))
+            stack.extend((s.base, False) for s in reversed(b.srcs) if s.base.realized is None and s.base not in nodes)
+            continue
+        if not (isinstance(b.op, _CACHEABLE) or b.op in (LoadOps.CONST, LoadOps.CONTIGUOUS)):
+            return None
+        if isinstance(b.arg, Node) or not all(isinstance(x, int) for x in b.shape):
+            return None
+        srcs = []
+        for s in b.srcs:
+            sb = s.base
+            ref: tuple[Any, ...]
+            if sb.realized is not None:
+                ref = (False, leaves.setdefault(sb, len(leaves)), sb.dtype, sb.device, sb.shape)
+            else:
+                ref = (True, nodes[sb], None, None, None)
+            srcs.append((*ref, s.st if s is not sb else None))
+        nodes[b] = len(nodes)
+        parts.append((b.op, _arg_key(b.arg), b.dtype, b.device, b.shape, b.forced_realize, tuple(srcs)))
+    key = (tuple(parts), tuple(nodes[b] for b in bases))
+    return key, list(nodes), list(leaves)
+
+
+def _template(schedule: list[ScheduleItem], nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> Optional[_Template]:
+    node_index = {b: i for i, b in enumerate(nodes)}
+    leaf_index = {b: i for i, b in enumerate(leaves)}
+    out: _Template = []
+    for si in schedule:
+        if len(si.outputs) != 1 or si.outputs[0] not in node_index or si.var_vals:
+            return None
+        refs = []
+        for x in si.inputs:
+            if x in node_index:
+                refs.append((True, node_index[x]))
+            elif x in leaf_index:
+                refs.append((False, leaf_index[x]))
+            else:
+                return None
+        out.append((si.ast, node_index[si.outputs[0]], tuple(refs)))
+    return out
+
+
+def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> list[ScheduleItem]:
+    return [
+        ScheduleItem(ast, (nodes[out],), tuple(nodes[i] if is_node else leaves[i] for is_node, i in refs))
+        for ast, out, refs in template
+    ]
+
+
+def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     graph = _Graph(bases)
     items: dict[LazyBuffer, ScheduleItem] = {b: _KernelBuilder(graph, b).build() for b in graph.realizes}
     # an ASSIGN must run after every other kernel that reads the old contents of its target
