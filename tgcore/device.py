@@ -44,11 +44,12 @@ class Compiler:
         key = (self.cachekey or f"{type(self).__module__}.{type(self).__qualname__}", src)
         if (lib := _compiled.get(key)) is not None:
             return lib
-        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
+        use_disk = self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0
+        if use_disk:
             lib = diskcache_get(self.cachekey, src)
         if lib is None:
             lib = self.compile(src)
-            if self.cachekey is not None:
+            if use_disk:
                 diskcache_put(self.cachekey, src, lib)
         _compiled[key] = lib
         return lib

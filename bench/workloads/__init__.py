@@ -1,0 +1,17 @@
+"""The workloads, by letter. Each module has TITLE, TINY (whether the PYTHON device runs it by default) and run(ctx)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from bench.workloads import conv, dispatch, elementwise, first_call, matmul, reduce, train
+
+WORKLOADS: dict[str, ModuleType] = {
+    "a": matmul,
+    "b": elementwise,
+    "c": reduce,
+    "d": conv,
+    "e": dispatch,
+    "f": train,
+    "g": first_call,
+}
