@@ -13,11 +13,14 @@ import pytest
 
 from tgcore import Device, Tensor, dtypes
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.uops import UOps
 from tgcore.device import Buffer
 from tgcore.dtype import DType
 from tgcore.engine.realize import CompiledRunner, get_kernel
 from tgcore.helpers import Context
 from tgcore.ops import BufferOps
+from tgcore.renderer import Renderer
+from tgcore.runtime.python import PythonRenderer
 
 DEVICES = ["PYTHON"] + [d for d in ("CLANG",) if Device.status(d) is None]
 
@@ -57,9 +60,15 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def check(device: str, build: Callable[..., Tensor], *inputs: np.ndarray, opts: Optional[list[Opt]] = None) -> Kernel:
+def check(
+    device: str,
+    build: Callable[..., Tensor],
+    *inputs: np.ndarray,
+    opts: Optional[list[Opt]] = None,
+    renderer: Optional[Renderer] = None,
+) -> Kernel:
     si = last_kernel(device, build, *inputs)
-    renderer = Device[device].renderer
+    renderer = renderer or Device[device].renderer
     reference = run(device, si, Kernel(si.ast, renderer))
     if opts is None:
         k = get_kernel(renderer, si.ast)
@@ -178,6 +187,66 @@ def test_only_the_innermost_reduce_loop_unrolls() -> None:
     k.apply_opt(Opt(OptOps.UNROLL, 1, 0))  # the whole inner loop: the outer one becomes the innermost
     k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
     assert k.n_reduce == 1
+
+
+def cpu_style_python() -> Renderer:
+    """The PYTHON renderer with CPU-style kernels (global loops), for the optimizations only CPUs get."""
+    r = PythonRenderer()
+    r.global_max = None
+    return r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vector_uops_keep_results(device: str) -> None:
+    k = check(device, lambda a, b: a @ b, data((8, 24)), data((24, 32)), opts=[Opt(OptOps.UPCAST, 1, 16)])
+    uops = k.to_program().uops
+    assert any(u.op is UOps.LOAD and u.dtype is not None and u.dtype.count == 16 for u in uops)
+    assert any(u.op is UOps.DEFINE_ACC and u.dtype is not None and u.dtype.count == 16 for u in uops)
+    # a vector axis over strided memory: VECTORIZE of scalar loads, GEP to store
+    check(device, lambda a: (a.T * 2 + 1).exp(), data((16, 8)), opts=[Opt(OptOps.UPCAST, 1, 8)])
+    check(device, lambda a: a.T.sum(axis=1), data((16, 8)), opts=[Opt(OptOps.UPCAST, 0, 8)])
+    check(device, lambda a: a.max(axis=0), data((16, 8)), opts=[Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4)])
+
+
+HOISTED = [
+    Opt(OptOps.UPCAST, 1, 8),
+    Opt(OptOps.UPCAST, 0, 2),
+    Opt(OptOps.SPLIT, 1, 2),
+    Opt(OptOps.SWAP, 0, 1),
+    Opt(OptOps.SPLIT, 3, 8),
+    Opt(OptOps.HOIST, 2, 1),
+]
+
+
+def test_hoisted_reduce_keeps_results_on_python() -> None:
+    x = (np.random.default_rng(3).standard_normal((8, 32)) * 10.0 ** np.arange(32) % 1e6).astype(np.float32)
+    check("PYTHON", lambda a, b: a @ b, x, data((32, 32)), opts=HOISTED, renderer=cpu_style_python())
+    sums = [Opt(OptOps.SPLIT, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.SPLIT, 1, 8), Opt(OptOps.HOIST, 1, 1)]
+    check("PYTHON", lambda a: a.sum(axis=0), x.T.copy(), opts=sums, renderer=cpu_style_python())
+
+
+@pytest.mark.skipif("CLANG" not in DEVICES, reason="CLANG is not installed")
+def test_hoisted_reduce_keeps_results_on_clang() -> None:
+    check("CLANG", lambda a, b: a @ b, data((8, 32)), data((32, 32)), opts=HOISTED)
+    # big enough for the heuristics to block it for the cache
+    k = check("CLANG", lambda a, b: a @ b, data((16, 512)), data((512, 256)))
+    assert OptOps.HOIST in {o.op for o in k.applied_opts}
+
+
+def test_hoist_is_refused_where_it_cannot_keep_results() -> None:
+    renderer = cpu_style_python()
+    for build in (lambda a, b: (a @ b).relu(), lambda a, b: (a @ b).cast(dtypes.float16)):
+        si = last_kernel("PYTHON", build, data((8, 16)), data((16, 8)))
+        k = Kernel(si.ast, renderer)
+        with pytest.raises(KernelOptError):
+            k.apply_opt(Opt(OptOps.HOIST, 1, 1))
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((8, 16)), data((16, 8)))
+    with pytest.raises(KernelOptError):  # a GPU-style kernel has no global loops to move
+        Kernel(si.ast, Device["PYTHON"].renderer).apply_opt(Opt(OptOps.HOIST, 1, 1))
+    k = Kernel(si.ast, renderer)
+    k.apply_opt(Opt(OptOps.HOIST, 1, 1))
+    with pytest.raises(KernelOptError):  # nothing after HOIST
+        k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
 
 
 # ***** the caches that keep Python off the hot path: they must never change a result *****

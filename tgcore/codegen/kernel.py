@@ -31,6 +31,9 @@ from tgcore.shape.symbolic import sint
 # the most lanes one loop iteration may carry: global upcasts, and everything (unrolled reduce lanes included)
 MAX_UPCAST = 256
 MAX_LANES = 512
+# cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
+BLOCK_REDUCE = 256
+PANEL_TILES = 4
 
 
 def _int(s: sint) -> int:
@@ -56,6 +59,10 @@ class OptOps(Enum):
     UNROLL = auto()  # axis: counted from first_reduce, the innermost reduce loop; its last `amount` indices, in order
     LOCAL = auto()  # axis: a global axis; its last `amount` indices become a workgroup dimension (has_local)
     SWAP = auto()  # axis and amount: two global loop axes that exchange places (loop order)
+    SPLIT = auto()  # axis: a global or reduce loop; it becomes two loops, the inner one of `amount` iterations
+    # axis, amount: the last `axis` global loops run inside the first `amount` reduce loops, accumulating in the
+    # output buffer (CPU loops only, for a kernel that stores its reduce unchanged); the last optimization applied
+    HOIST = auto()
 
 
 @dataclass(frozen=True, order=True)
@@ -108,6 +115,8 @@ class Kernel:
         self.n_reduce = 0  # reduce loops
         self.upcasted = 0  # trailing upcast axes
         self.local_dims = 0  # global axes launched as workgroup indices
+        self.inner_globals = 0  # HOIST: global loops nested inside the first `outer_reduces` reduce loops
+        self.outer_reduces = 0
         self.applied_opts: list[Opt] = []
         self._reduce_last()
         self._merge_axes()
@@ -210,6 +219,10 @@ class Kernel:
     def apply_opt(self, opt: Opt) -> None:
         """Apply one optimization; KernelOptError (and no change) when it does not apply."""
         _check(opt.amount >= 0, f"{opt}: the amount must be >= 0")
+        _check(not self.inner_globals, f"{opt}: no optimization after HOIST")
+        if opt.op is OptOps.HOIST:
+            self._hoist(opt)
+            return
         if opt.op is OptOps.SWAP:
             n_global = self.first_reduce - self.local_dims
             _check(0 <= opt.axis < opt.amount < n_global, f"{opt}: not two global axes in order")
@@ -217,6 +230,23 @@ class Kernel:
             order[opt.axis], order[opt.amount] = opt.amount, opt.axis
             self.sts = {k: st.permute(tuple(order)) for k, st in self.sts.items()}
             self.full_shape = tuple(self.full_shape[i] for i in order)
+            self.applied_opts.append(opt)
+            return
+        if opt.op is OptOps.SPLIT:
+            axis = opt.axis
+            _check(
+                0 <= axis < self.first_upcast
+                and axis not in range(self.first_reduce - self.local_dims, self.first_reduce),
+                f"{opt}: not a loop",
+            )
+            size = self.full_shape[axis]
+            _check(
+                isinstance(size, int) and 1 < opt.amount < size and size % opt.amount == 0,
+                f"{opt}: {opt.amount} does not split an axis of {size} in two loops",
+            )
+            is_reduce = axis >= self.first_reduce
+            self._split(axis, opt.amount, axis + 1)  # the inner part right after the outer: the order is the same
+            self.n_reduce += is_reduce
             self.applied_opts.append(opt)
             return
         if opt.op is OptOps.UNROLL:
@@ -256,6 +286,17 @@ class Kernel:
             self.upcasted += 1
             if opt.op is OptOps.UNROLL and size == amount:
                 self.n_reduce -= 1
+        self.applied_opts.append(opt)
+
+    def _hoist(self, opt: Opt) -> None:
+        n_global = self.first_reduce - self.local_dims
+        _check(self.opts.global_max is None, f"{opt}: only CPU-style kernels (global loops) hoist their reduce")
+        _check(1 <= opt.axis <= n_global and 1 <= opt.amount <= self.n_reduce, f"{opt}: not that many loops")
+        root = self.ast.src[0]
+        _check(len(self.reduceops) == 1 and root is self.reduceops[0], f"{opt}: the kernel must store its reduce")
+        _check(dtype_of(root) == self.ast.arg.dtype, f"{opt}: the output holds another dtype than the accumulator")
+        _check(not any(x.op is BufferOps.LOAD and x.arg.idx == 0 for x in self.leaves), f"{opt}: reads its output")
+        self.inner_globals, self.outer_reduces = opt.axis, opt.amount
         self.applied_opts.append(opt)
 
     def apply_opts(self, opts: list[Opt]) -> None:
@@ -312,19 +353,26 @@ class Kernel:
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self._stride(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self._stride(ld, a) == 1 for ld in loads)]
-        tile: list[tuple[int, int]] = []
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
             cols = [a for a in broadcast if a in contiguous]
             col = cols[-1] if cols else broadcast[-1]
-            col_amount = self._divisor(_int(self.full_shape[col]), (2 * vw, vw, 8, 4, 2) if vw > 1 else (4, 2))
-            if col_amount:
-                tile.append((col, col_amount))
             rows = [a for a in broadcast if a != col]
-            if rows:
-                row = rows[-1]
-                row_amount = self._divisor(_int(self.full_shape[row]), (8, 4, 2) if vw > 1 else (4, 2))
-                if row_amount:
-                    tile.append((row, row_amount))
+            row = rows[-1] if rows else None
+            col_size = _int(self.full_shape[col])
+            col_amount = self._divisor(col_size, (2 * vw, vw, 8, 4, 2) if vw > 1 else (4, 2))
+            # the column axis first, so that it is the last (fastest, vectorized) upcast axis
+            if not col_amount or not self._try(Opt(OptOps.UPCAST, col, col_amount)):
+                col = -1
+            elif col_amount == col_size:  # the whole axis went: the axes after it move down
+                row = None if row is None else row - (row > col)
+                col = -1
+            if row is not None:
+                row_size = _int(self.full_shape[row])
+                row_amount = self._divisor(row_size, (8, 4, 2) if vw > 1 else (4, 2))
+                if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)) or row_amount == row_size:
+                    row = None
+            if row is not None and col >= 0:
+                self._block_for_cache(row, col)
         elif (
             contiguous
             and self.n_reduce
@@ -334,20 +382,44 @@ class Kernel:
             col = contiguous[-1]
             amount = self._divisor(_int(self.full_shape[col]), (4 * vw, 2 * vw, vw, 4, 2) if vw > 1 else (4, 2))
             if amount:
-                tile.append((col, amount))
+                self._try(Opt(OptOps.UPCAST, col, amount))
         elif globals_:
             # a reduce along contiguous memory: independent accumulators hide the latency of each add
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
-                tile.append((globals_[-1], amount))
-        # upcast the higher axis first: splitting it does not move the other
-        for axis, amount in sorted(tile, reverse=True):
-            self._try(Opt(OptOps.UPCAST, axis, amount))
-        if self.n_reduce:
+                self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
+        if self.n_reduce and not self.inner_globals:
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= MAX_LANES:
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
+
+    def _block_for_cache(self, row: int, col: int) -> None:
+        """CPU loops over a big matmul-like reduce: run the reduce in blocks of BLOCK_REDUCE steps, each over a
+        panel of output tiles that keeps its share of both inputs in cache (the partial sums wait in the output, so
+        every output still adds its elements in order). The tile's row and column axes must be the last globals."""
+        if (
+            self.opts.global_max is not None
+            or self.n_reduce != 1
+            or (row, col)
+            != (
+                self.first_reduce - 2,
+                self.first_reduce - 1,
+            )
+        ):
+            return
+        size, blocks = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
+        if size < 2 * BLOCK_REDUCE or size % BLOCK_REDUCE or blocks % PANEL_TILES or blocks == PANEL_TILES:
+            return
+        saved = self.copy()
+        try:
+            # [.., rows, cols] -> [.., panels, rows, tiles of a panel] -> reduce [blocks, steps]
+            self.apply_opt(Opt(OptOps.SPLIT, col, PANEL_TILES))
+            self.apply_opt(Opt(OptOps.SWAP, row, col))
+            self.apply_opt(Opt(OptOps.SPLIT, self.first_reduce, BLOCK_REDUCE))
+            self.apply_opt(Opt(OptOps.HOIST, 2, 1))
+        except KernelOptError:
+            self.__dict__.update(saved.__dict__)
 
     def _optimize_elementwise(self, globals_: list[int], vw: int) -> None:
         if vw <= 1:

@@ -8,7 +8,7 @@ symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from tgcore.codegen.kernel import Kernel, dtype_of
 from tgcore.codegen.uops import UOp, UOps
@@ -21,6 +21,13 @@ _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 # a kernel's outermost loop is split across threads when it runs at least this many innermost iterations
 THREAD_MIN_WORK = 1 << 17
 _THREAD_BOUNDS = ("core_start", "core_end")
+# vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
+_VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
+_VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
+_VECTOR_REDUCE = (ReduceOps.SUM,)
+MAX_VECTOR = 16
+# a value of one group of lanes: a vector uop, or one scalar uop per lane
+Value = Union[UOp, tuple[UOp, ...]]
 
 
 class Linearizer:
@@ -138,22 +145,31 @@ class Linearizer:
             Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
             for i, s in enumerate(k.full_shape[: k.first_upcast])
         ]
-        # lanes: every combination of the upcast axes' indices, in C order (the last axis varies fastest)
+        # lanes: every combination of the upcast axes' indices, in C order (the last axis varies fastest); groups:
+        # runs of `width` neighbouring lanes of the last upcast axis, one vector each where the renderer has vectors
         self.upcast_axes = list(range(k.first_upcast, k.shape_len))
         self.lanes = list(itertools.product(*(range(s) for s in k.upcast_sizes)))
         self.unrolled = [j for j, a in enumerate(self.upcast_axes) if k.is_reduce_axis(a)]
+        self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
-        self._open_globals()
         # lowered AST nodes, one dict per open reduce loop (a value computed inside a loop is not valid after it)
-        self.ast_caches: list[dict[LazyOp, list[UOp]]] = [{}]
+        self.ast_caches: list[dict[LazyOp, list[Value]]] = [{}]
         store = k.ast
-        values = self.lower(store.src[0])
-        lane_combo, combos = self.index_nodes(store)
-        stored: set[int] = set()
-        for lane, combo in enumerate(lane_combo):
-            if combo not in stored:  # lanes of an unrolled axis store the same element
-                stored.add(combo)
-                self.uop(UOps.STORE, None, (self.buffers[0], self.node(combos[combo][0]), values[lane]), cse=False)
+        n_global = k.first_reduce - k.local_dims
+        inner = list(range(n_global - k.inner_globals, n_global))
+        self._open_globals(list(range(n_global - k.inner_globals)))
+        if k.inner_globals:  # the accumulators live in the output: set them, then run the outer reduce loops
+            inner_ranges = self._open_loops(inner, False)
+            init = dtypes.as_const(
+                0 if store.src[0].op is ReduceOps.SUM else dtypes.min(store.arg.dtype), store.arg.dtype
+            )
+            zero = self._splat(self.const(init, store.arg.dtype))
+            self._store(store, [self._vector(zero) if self._vectorizable(store.arg.dtype) else zero] * self.n_groups)
+            for r in reversed(inner_ranges):
+                self.close_range(r)
+            self.ranges += self._open_loops(list(range(k.first_reduce, k.first_reduce + k.outer_reduces)), True)
+            self.ranges += self._open_loops(inner, False)
+        self._store(store, self.lower(store.src[0]))
         for r in reversed(self.ranges):
             self.close_range(r)
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
@@ -165,6 +181,27 @@ class Linearizer:
         self.uops = self.header + self.uops
         return self.uops
 
+    def _vector_width(self) -> int:
+        """Lanes per group: the largest power of two up to MAX_VECTOR dividing the last upcast axis, when the
+        renderer takes vector uops and that axis is not an unrolled reduce axis."""
+        k = self.k
+        if not getattr(k.opts, "vector_uops", False) or not self.upcast_axes or k.is_reduce_axis(self.upcast_axes[-1]):
+            return 1
+        size = k.upcast_sizes[-1]
+        return next((w for w in (16, 8, 4, 2) if w <= MAX_VECTOR and size % w == 0), 1)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.lanes) // self.width
+
+    def _open_loops(self, axes: list[int], reduce: bool) -> list[UOp]:
+        loops = []
+        for a in axes:
+            r = self.open_range(self.const(0, dtypes.int32), self.node(self.k.full_shape[a]), a, reduce)
+            self.index_vars[self.axis_vars[a]] = r
+            loops.append(r)
+        return loops
+
     def _threaded(self, axes: list[int]) -> bool:
         """Whether the outermost loop is split across threads: a big kernel that does not read its output."""
         k = self.k
@@ -175,9 +212,8 @@ class Linearizer:
         work = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
         return work >= THREAD_MIN_WORK
 
-    def _open_globals(self) -> None:
+    def _open_globals(self, axes: list[int]) -> None:
         k = self.k
-        axes = list(range(k.first_reduce - k.local_dims))
         local_axes = list(range(k.first_reduce - k.local_dims, k.first_reduce))
         sizes = [k.full_shape[a] for a in axes]
         if self.k.opts.global_max is None:
@@ -225,6 +261,8 @@ class Linearizer:
             local_size[dim] = size
         self.local_size = tuple(local_size)
 
+    # ***** buffer accesses *****
+
     def index_nodes(self, leaf: LazyOp) -> tuple[list[int], list[tuple[Node, Optional[Node]]]]:
         """For each lane, which distinct access of `leaf` it makes; and each distinct access as its (flat index,
         validity) Nodes (validity None when always valid). Lanes of an axis the buffer does not vary along share."""
@@ -249,28 +287,104 @@ class Linearizer:
         self.index_nodes_cache[leaf] = (lane_combo, combos)
         return lane_combo, combos
 
-    def lower(self, op: LazyOp) -> list[UOp]:
-        """The uops computing AST node `op` at the current position, one per lane (each shared node is lowered
-        once per scope)."""
+    def _contiguous(self, leaf: LazyOp, group: int) -> Optional[Node]:
+        """The index of the group's first element when the group reads or writes `width` consecutive, always valid
+        elements of `leaf` (a vector access), else None."""
+        if self.width == 1:
+            return None
+        lane_combo, combos = self.index_nodes(leaf)
+        first = lane_combo[group * self.width]
+        idx0, valid0 = combos[first]
+        if valid0 is not None:
+            return None
+        for i in range(1, self.width):
+            idx, valid = combos[lane_combo[group * self.width + i]]
+            diff = idx - idx0
+            if valid is not None or not isinstance(diff, NumNode) or int(diff.b) != i:
+                return None
+        return idx0
+
+    def _store(self, store: LazyOp, values: list[Value]) -> None:
+        """Store one value per group (lanes of an unrolled axis store the same element once)."""
+        lane_combo, combos = self.index_nodes(store)
+        buf = self.buffers[0]
+        stored: set[int] = set()
+        for g, value in enumerate(values):
+            first = lane_combo[g * self.width]
+            if first in stored:
+                continue
+            if not isinstance(value, tuple) and (idx := self._contiguous(store, g)) is not None:
+                stored.add(first)
+                self.uop(UOps.STORE, None, (buf, self.node(idx), value), cse=False)
+                continue
+            for i, v in enumerate(self._scalars(value)):
+                combo = lane_combo[g * self.width + i]
+                if combo not in stored:
+                    stored.add(combo)
+                    self.uop(UOps.STORE, None, (buf, self.node(combos[combo][0]), v), cse=False)
+
+    # ***** values: one per group, a vector uop or a tuple of `width` scalar uops *****
+
+    def _scalars(self, v: Value) -> tuple[UOp, ...]:
+        if isinstance(v, tuple):
+            return v
+        assert v.dtype is not None
+        return tuple(self.uop(UOps.GEP, v.dtype.scalar(), (v,), i) for i in range(self.width))
+
+    def _vector(self, v: Value) -> UOp:
+        if not isinstance(v, tuple):
+            return v
+        assert v[0].dtype is not None
+        return self.uop(UOps.VECTORIZE, v[0].dtype.vec(self.width), v)
+
+    def _splat(self, x: UOp) -> Value:
+        return (x,) * self.width
+
+    def _vectorizable(self, dt: DType) -> bool:
+        return self.width > 1 and dt in _VECTOR_DTYPES
+
+    def lower(self, op: LazyOp) -> list[Value]:
+        """The value of AST node `op` at the current position, one per group (each shared node is lowered once per
+        scope)."""
         for cache in reversed(self.ast_caches):
             if op in cache:
                 return cache[op]
         out = self.ast_caches[-1][op] = self._lower(op)
         return out
 
-    def _lower(self, op: LazyOp) -> list[UOp]:
+    def _lower(self, op: LazyOp) -> list[Value]:
         if op.op in ReduceOps:
             return self.reduce(op)
         if op.op in (BufferOps.CONST, BufferOps.LOAD):
-            lane_combo, combos = self.index_nodes(op)
-            per_combo = [self._lower_leaf(op, idx, valid) for idx, valid in combos]
-            return [per_combo[c] for c in lane_combo]
+            return [self._lower_group(op, g) for g in range(self.n_groups)]
         srcs = [self.lower(s) for s in op.src]
         if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
             kind = UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST
-            return [self.uop(kind, op.arg, (x,)) for x in srcs[0]]
+            return [tuple(self.uop(kind, op.arg, (x,)) for x in self._scalars(v)) for v in srcs[0]]
         dt = dtype_of(op)
-        return [self.alu(op.op, dt, *lane) for lane in zip(*srcs)]
+        out: list[Value] = []
+        for group in zip(*srcs):
+            src_dts = [dtype_of(s) for s in op.src]
+            if (
+                op.op in _VECTOR_ALU
+                and self._vectorizable(dt)
+                and all(d == dt for d in src_dts)
+                and any(not isinstance(v, tuple) for v in group)
+            ):
+                out.append(self.alu(op.op, dt.vec(self.width), *[self._vector(v) for v in group]))
+            else:
+                out.append(tuple(self.alu(op.op, dt, *lane) for lane in zip(*[self._scalars(v) for v in group])))
+        return out
+
+    def _lower_group(self, op: LazyOp, g: int) -> Value:
+        dt = op.arg.dtype
+        if op.op is not BufferOps.CONST and self._vectorizable(dt) and (idx := self._contiguous(op, g)) is not None:
+            return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], self.node(idx)))
+        lane_combo, combos = self.index_nodes(op)
+        return tuple(self._lower_leaf(op, *combos[lane_combo[lane]]) for lane in self._group_lanes(g))
+
+    def _group_lanes(self, g: int) -> range:
+        return range(g * self.width, (g + 1) * self.width)
 
     def _lower_leaf(self, op: LazyOp, idx: Node, valid: Optional[Node]) -> UOp:
         dt = op.arg.dtype
@@ -290,33 +404,63 @@ class Linearizer:
             return self.const(0, dt)
         return self.uop(UOps.LOAD, dt, (buf, self.node(idx), self.node(valid), self.const(0, dt)))
 
-    def reduce(self, op: LazyOp) -> list[UOp]:
+    def reduce(self, op: LazyOp) -> list[Value]:
         k = self.k
         dt = dtype_of(op.src[0])
         init = 0 if op.op is ReduceOps.SUM else dtypes.min(dt)
-
-        def outer(lane: tuple[int, ...]) -> tuple[int, ...]:  # the lane's indices on the global upcast axes
-            return tuple(v for j, v in enumerate(lane) if j not in self.unrolled)
-
-        accs: dict[tuple[int, ...], UOp] = {}
-        for lane in self.lanes:
-            if outer(lane) not in accs:
-                accs[outer(lane)] = self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False)
-        loops = []
-        for a in range(k.first_reduce, k.first_upcast):
-            r = self.open_range(self.const(0, dtypes.int32), self.node(k.full_shape[a]), a, True)
-            self.index_vars[self.axis_vars[a]] = r
-            loops.append(r)
+        vector = self._vectorizable(dt) and op.op in _VECTOR_REDUCE
+        # one accumulator per group of the global upcast axes; lanes of an unrolled axis share it
+        groups_of: dict[tuple[int, ...], list[int]] = {}
+        for g in range(self.n_groups):
+            lane = self.lanes[g * self.width]
+            groups_of.setdefault(tuple(v for j, v in enumerate(lane) if j not in self.unrolled), []).append(g)
+        accs: dict[tuple[int, ...], Value] = {}
+        for key in groups_of:
+            if vector:
+                accs[key] = self.uop(UOps.DEFINE_ACC, dt.vec(self.width), (), init, cse=False)
+            else:
+                accs[key] = tuple(self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False) for _ in range(self.width))
+        if k.inner_globals:  # the accumulators start from what the outer reduce loops left in the output
+            for key, groups in groups_of.items():
+                loaded = self._lower_group(k.ast, groups[0])
+                accs[key] = self._phi(accs[key], self._vector(loaded) if vector else self._scalars(loaded))
+        loops = self._open_loops(list(range(k.first_reduce + k.outer_reduces, k.first_upcast)), True)
         self.ast_caches.append({})
         vals = self.lower(op.src[0])
         self.ast_caches.pop()
         # each accumulator adds its unrolled lanes in index order: the order of the loop they replace
-        current = dict(accs)
-        order = sorted(range(len(self.lanes)), key=lambda i: ([self.lanes[i][j] for j in self.unrolled], i))
-        for i in order:
-            key = outer(self.lanes[i])
-            new = self.uop(UOps.ALU, dt, (current[key], vals[i]), _REDUCE_ALU[op.op], cse=False)  # type: ignore[index]
-            current[key] = self.uop(UOps.PHI, dt, (accs[key], new), cse=False)
+        current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
+        for key, groups in groups_of.items():
+            for g in sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled]):
+                if vector:
+                    new = self.uop(
+                        UOps.ALU, dt.vec(self.width), (current[key], self._vector(vals[g])), BinaryOps.ADD, cse=False
+                    )
+                    current[key] = self._phi(current[key], new)
+                else:
+                    alu = _REDUCE_ALU[op.op]  # type: ignore[index]
+                    current[key] = tuple(
+                        self._phi(a, self.uop(UOps.ALU, dt, (a, v), alu, cse=False))
+                        for a, v in zip(self._scalars(current[key]), self._scalars(vals[g]))
+                    )
         for r in reversed(loops):
             self.close_range(r)
-        return [accs[outer(lane)] for lane in self.lanes]
+        return [self._acc(accs[key]) for g in range(self.n_groups) for key in [self._group_key(g)]]
+
+    def _group_key(self, g: int) -> tuple[int, ...]:
+        lane = self.lanes[g * self.width]
+        return tuple(v for j, v in enumerate(lane) if j not in self.unrolled)
+
+    def _phi(self, acc: Value, new: Value) -> Value:
+        """The accumulator `acc` takes `new` (each lane's, for scalars); reading it afterwards reads the new value."""
+        if isinstance(acc, tuple):
+            assert isinstance(new, tuple)
+            return tuple(self._phi(a, n) for a, n in zip(acc, new))  # type: ignore[misc]
+        assert not isinstance(new, tuple)
+        return self.uop(UOps.PHI, acc.dtype, (acc.src[0] if acc.op is UOps.PHI else acc, new), cse=False)
+
+    def _acc(self, acc: Value) -> Value:
+        """The accumulator itself (its DEFINE_ACC), as read after its loop."""
+        if isinstance(acc, tuple):
+            return tuple(a.src[0] if a.op is UOps.PHI else a for a in acc)
+        return acc.src[0] if acc.op is UOps.PHI else acc

@@ -16,9 +16,21 @@ of the same list. The kinds, as `op: dtype; src; arg`:
 - ALU: result dtype; operands; a UnaryOps / BinaryOps / TernaryOps
 - CAST: target dtype; (x,); None: value conversion
 - BITCAST: target dtype; (x,); None: the same bits reinterpreted (same itemsize)
-- PHI: accumulator dtype; (DEFINE_ACC, new value); None: the accumulator takes the new value
+- PHI: accumulator dtype; (DEFINE_ACC, new value); None: the accumulator takes the new value. Reading the
+  DEFINE_ACC reads the accumulator's current value (in a loop: the value left by the last PHI that ran); a PHI read
+  as a source is the value it assigned, and is only read before the accumulator changes again
 - IF / ENDIF: None; (gate,) / (IF,); None
 - BARRIER: None; (); None: every thread of the workgroup waits here
+- VECTORIZE: dtype.vec(n); n scalar uops; None: the vector whose lane i is src[i] (a splat when all are one uop)
+- GEP: scalar dtype; (vector,); i: lane i of the vector
+
+Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever receives them): a dtype made by
+`dtype.vec(n)` (n > 1; so far float32 and float64, n a power of two up to 16) may be the dtype of
+- LOAD (buffer, index): the n consecutive elements from `index` (not necessarily aligned; never gated),
+- STORE (buffer, index, vector value): likewise,
+- ALU with ADD, SUB, MUL, DIV, NEG: lane by lane, every operand a vector of the same dtype,
+- DEFINE_ACC (every lane starts at the scalar arg) and PHI,
+besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops) stays scalar, through GEP.
 
 Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s. CMPLT and CMPEQ
 return bool. Loops nest: every RANGE is closed by its ENDRANGE in the reverse order they were opened.
@@ -53,6 +65,8 @@ class UOps(Enum):
     IF = auto()
     ENDIF = auto()
     BARRIER = auto()
+    VECTORIZE = auto()
+    GEP = auto()
 
 
 @dataclass(frozen=True, eq=False)

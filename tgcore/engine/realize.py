@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,24 +59,33 @@ def thread_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+_PARTS_PER_THREAD = 4
+
+
 @functools.lru_cache(maxsize=None)
 def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tgcore-kernel")
 
 
 def _run_threaded(prg: Any, opaques: list[Any], vals: tuple[int, ...], extent: int, wait: bool) -> Optional[float]:
-    """Run a kernel whose outermost loop is bounded by its last two vals, split in contiguous parts across threads
-    (each output element is written by exactly one part, so the result is the same on any number of threads)."""
-    parts = min(thread_count(), extent)
+    """Run a kernel whose outermost loop is bounded by its last two vals, in parts that threads take in turn (a
+    thread that the machine runs slower takes fewer). Each output element is written by exactly one part, so the
+    result is the same on any number of threads."""
+    threads = min(thread_count(), extent)
     st = time.perf_counter()
-    if parts <= 1:
+    if threads <= 1:
         prg(*opaques, vals=vals + (0, extent))
     else:
+        parts = min(extent, threads * _PARTS_PER_THREAD)
         bounds = [extent * i // parts for i in range(parts + 1)]
-        futures = [
-            _pool(parts - 1).submit(prg, *opaques, vals=vals + (bounds[i], bounds[i + 1])) for i in range(1, parts)
-        ]
-        prg(*opaques, vals=vals + (bounds[0], bounds[1]))  # the first part on this thread
+        turn = itertools.count()  # next() on it is atomic under the GIL
+
+        def work() -> None:
+            while (i := next(turn)) < parts:
+                prg(*opaques, vals=vals + (bounds[i], bounds[i + 1]))
+
+        futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+        work()
         for f in futures:
             f.result()
     return time.perf_counter() - st if wait else None

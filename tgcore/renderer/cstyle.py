@@ -38,12 +38,25 @@ class CStyleLanguage(Renderer):
     # spell an access at index `x + c` (c a constant) as `(buf+x)[c]`: the constant becomes part of the address
     # instead of int arithmetic, which a compiler told that ints wrap (-fwrapv) cannot fold into the address
     pointer_offsets: bool = False
+    # vector uops (codegen/uops.py): the dtype.vec(n) types are GCC/clang vector extension types, declared at the
+    # top of the kernel by render_vector_type; a vector load or store reads n consecutive, possibly unaligned elements
+    vector_uops: bool = False
 
     # ***** spellings a dialect may override *****
 
     def render_dtype(self, dt: DType) -> str:
-        base = dt.scalar() if not isinstance(dt, PtrDType) else dt.base
+        base = dt.base if isinstance(dt, PtrDType) else dt
+        if base.count > 1:
+            return f"tg_{self.render_dtype(base.scalar()).replace(' ', '_')}{base.count}"
         return self.type_map.get(base, base.name)
+
+    def render_vector_type(self, dt: DType) -> str:
+        """The declaration of vector type `dt` (GCC/clang vector extensions; aligned to one element, may alias it)."""
+        scalar = dt.scalar()
+        return (
+            f"typedef {self.render_dtype(scalar)} {self.render_dtype(dt)} "
+            f"__attribute__((vector_size({scalar.itemsize * dt.count}), aligned({scalar.itemsize}), may_alias));"
+        )
 
     def render_const(self, val: object, dt: DType) -> str:
         if dt == dtypes.bool:
@@ -84,11 +97,16 @@ class CStyleLanguage(Renderer):
         compute = self.float_compute[dt]
         return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
 
-    def render_access(self, buf: str, idx: UOp, names: dict[int, str]) -> str:
-        """The element of `buf` at index uop `idx`."""
-        if self.pointer_offsets and idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.src[1].op is UOps.CONST:
-            return f"({buf}+{names[id(idx.src[0])]})[{names[id(idx.src[1])]}]"
-        return f"{buf}[{names[id(idx)]}]"
+    def render_access(self, buf: str, idx: UOp, names: dict[int, str], dt: Optional[DType] = None) -> str:
+        """The element of `buf` at index uop `idx` (the vector of dt.count elements from there, for a vector dt)."""
+        offset = self.pointer_offsets and idx.op is UOps.ALU and idx.arg is BinaryOps.ADD
+        if offset and idx.src[1].op is UOps.CONST:
+            base, const = names[id(idx.src[0])], names[id(idx.src[1])]
+        else:
+            base, const = names[id(idx)], "0"
+        if dt is not None and dt.count > 1:
+            return f"*({self.render_dtype(dt)}*)({buf}+{base}+{const})"
+        return f"({buf}+{base})[{const}]" if const != "0" else f"{buf}[{base}]"
 
     def render_kernel(
         self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
@@ -203,17 +221,26 @@ class CStyleLanguage(Renderer):
             elif u.op is UOps.DEFINE_ACC:
                 assert dt is not None
                 n = names[id(u)] = fresh("acc")
-                emit(f"{self.render_dtype(dt)} {n} = {self.render_const(u.arg, dt)};")
+                init = self.render_const(u.arg, dt.scalar())
+                if dt.count > 1:
+                    init = f"({self.render_dtype(dt)}){{{', '.join([init] * dt.count)}}}"
+                emit(f"{self.render_dtype(dt)} {n} = {init};")
+            elif u.op is UOps.VECTORIZE:
+                assert dt is not None
+                n = names[id(u)] = fresh("vec")
+                emit(f"{self.render_dtype(dt)} {n} = ({self.render_dtype(dt)}){{{', '.join(s)}}};")
+            elif u.op is UOps.GEP:
+                names[id(u)] = f"{s[0]}[{u.arg}]"
             elif u.op is UOps.PHI:
                 emit(f"{s[0]} = {s[1]};")
                 names[id(u)] = s[0]
             elif u.op is UOps.LOAD:
                 assert dt is not None
                 n = names[id(u)] = fresh("val")
-                load = self.render_access(s[0], u.src[1], names)
+                load = self.render_access(s[0], u.src[1], names, dt)
                 emit(f"{self.render_dtype(dt)} {n} = {f'({s[2]})?({load}):({s[3]})' if len(s) == 4 else load};")
             elif u.op is UOps.STORE:
-                store = f"{self.render_access(s[0], u.src[1], names)} = {s[2]};"
+                store = f"{self.render_access(s[0], u.src[1], names, u.src[2].dtype)} = {s[2]};"
                 emit(f"if ({s[3]}) {store}" if len(s) == 4 else store)
             elif u.op is UOps.ALU:
                 assert dt is not None and u.src[0].dtype is not None
@@ -232,6 +259,10 @@ class CStyleLanguage(Renderer):
                     emit(line)
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render uop {u.op}")
+        vector_types = dict.fromkeys(u.dtype for u in uops if u.dtype is not None and u.dtype.count > 1)
+        if vector_types and not self.vector_uops:
+            raise NotImplementedError(f"{type(self).__name__} has no vector types (vector_uops is False)")
+        kernel[:0] = [self.render_vector_type(dt) for dt in vector_types]
         return self.render_kernel(name, kernel, bufs)
 
 

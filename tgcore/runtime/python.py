@@ -46,13 +46,15 @@ def _decode_arg(arg: Any) -> Any:
 
 
 def _encode_dtype(dt: Optional[DType]) -> Any:
-    return None if dt is None else [dt.name, isinstance(dt, PtrDType)]
+    return None if dt is None else [dt.scalar().name, isinstance(dt, PtrDType), dt.count]
 
 
 def _decode_dtype(enc: Any) -> Optional[DType]:
     if enc is None:
         return None
     dt = DTYPES_DICT[enc[0]]
+    if enc[2] > 1:
+        dt = dt.vec(enc[2])
     return PtrDType.of(dt) if enc[1] else dt
 
 
@@ -61,6 +63,8 @@ class PythonRenderer(Renderer):
 
     device = "PYTHON"
     global_max = (2**31 - 1, 2**31 - 1, 2**31 - 1)
+    vector_uops = True  # the interpreter runs them (a vector is one more numpy axis); the optimizer only makes
+    # them where an upcast axis gives a group of lanes, so plain PYTHON kernels stay scalar
 
     def render(self, name: str, uops: list[UOp]) -> str:
         index = {id(u): i for i, u in enumerate(uops)}
@@ -134,7 +138,11 @@ class PythonProgram:
                 values[pc] = grid[arg[0]].astype(np.int32)
             elif op is UOps.DEFINE_ACC:
                 assert dt is not None
-                values[pc] = np.full(lanes, arg, dtype=_np_type(dt))
+                values[pc] = np.full((lanes, dt.count) if dt.count > 1 else lanes, arg, dtype=_np_type(dt.scalar()))
+            elif op is UOps.VECTORIZE:
+                values[pc] = np.stack([np.broadcast_to(x, (lanes,)) for x in s], axis=-1)
+            elif op is UOps.GEP:
+                values[pc] = s[0][..., arg]
             elif op is UOps.RANGE:
                 values[pc] = np.int32(s[0])  # ENDRANGE jumps back past the RANGE, so this runs once per entry
                 if values[pc] >= s[1]:  # empty loop: skip to after its ENDRANGE
@@ -149,7 +157,9 @@ class PythonProgram:
             elif op is UOps.LOAD:
                 assert dt is not None
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
-                if len(s) == 4:
+                if dt.count > 1:  # consecutive elements from idx
+                    values[pc] = buf[idx[:, None] + np.arange(dt.count)]
+                elif len(s) == 4:
                     gate = np.broadcast_to(s[2], (lanes,))
                     safe = np.where(gate, idx, 0)
                     got = buf[safe] if len(buf) else np.zeros(lanes, _np_type(dt))
@@ -157,14 +167,18 @@ class PythonProgram:
                 else:
                     values[pc] = buf[idx]
             elif op is UOps.STORE:
-                buf, idx, val = s[0], np.broadcast_to(s[1], (lanes,)), np.broadcast_to(s[2], (lanes,))
+                buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
+                count = self.uops[src[2]][1].count  # type: ignore[union-attr]
+                if count > 1:
+                    idx = (idx[:, None] + np.arange(count)).reshape(-1)
+                val = np.broadcast_to(s[2], (lanes, count) if count > 1 else (lanes,)).reshape(-1)
                 if len(s) == 4:
                     gate = np.broadcast_to(s[3], (lanes,))
                     idx, val = idx[gate], val[gate]
                 buf[idx] = val
             elif op is UOps.ALU:
                 assert dt is not None
-                values[pc] = exec_alu(arg, dt, [np.asarray(x) for x in s])
+                values[pc] = exec_alu(arg, dt.scalar(), [np.asarray(x) for x in s])
             elif op is UOps.CAST:
                 assert dt is not None
                 values[pc] = _cast(np.asarray(s[0]), dt)
@@ -172,7 +186,7 @@ class PythonProgram:
                 assert dt is not None
                 values[pc] = _bitcast(np.asarray(s[0]), self.uops[src[0]][1], dt)
             elif op is UOps.PHI:
-                values[src[0]] = values[pc] = np.broadcast_to(s[1], (lanes,)).copy()
+                values[src[0]] = values[pc] = np.broadcast_to(s[1], values[src[0]].shape).copy()
             elif op in (UOps.IF, UOps.ENDIF, UOps.BARRIER):
                 raise NotImplementedError(f"PYTHON does not interpret {op}")
             pc += 1

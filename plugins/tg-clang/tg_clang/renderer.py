@@ -10,6 +10,19 @@ from tgcore.renderer.cstyle import CStyleLanguage
 _HEADER = "#include <math.h>\n"
 
 
+def _host_vector_bytes() -> int:
+    """Bytes in one vector register of this CPU: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return 16
+    return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+
+
+_VECTOR_BYTES = _host_vector_bytes()
+
+
 class ClangRenderer(CStyleLanguage):
     """C99 with gcc/clang builtins; global dimensions are loops."""
 
@@ -21,9 +34,10 @@ class ClangRenderer(CStyleLanguage):
         dtypes.int64: "long long",
         dtypes.uint64: "unsigned long long",
     }
-    # 32-byte vector registers (AVX2, -march=native): the optimizer upcasts contiguous axes to fill one, and gcc or
-    # clang vectorizes the repeated scalar code
-    vector_widths = {dt: 32 // dt.itemsize for dt in dtypes.fields().values() if dt != dtypes.bool}
+    # the host's vector registers (-march=native): the optimizer upcasts contiguous axes to fill one, and float
+    # values become vector-extension types (vector_uops)
+    vector_widths = {dt: _VECTOR_BYTES // dt.itemsize for dt in dtypes.fields().values() if dt != dtypes.bool}
+    vector_uops = True
     threads = True  # the core splits a big kernel's outermost loop across the host's cores
     pointer_offsets = True  # the kernels are built with -fwrapv
     infinity = "__builtin_inff()"
