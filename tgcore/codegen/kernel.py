@@ -354,12 +354,16 @@ class Kernel:
         broadcast = [a for a in globals_ if any(self._stride(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self._stride(ld, a) == 1 for ld in loads)]
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
-            cols = [a for a in broadcast if a in contiguous]
-            col = cols[-1] if cols else broadcast[-1]
-            rows = [a for a in broadcast if a != col]
-            row = rows[-1] if rows else None
+            col, col_amount = self._tile_column(broadcast, contiguous, vw)
+
+            def broadcast_in(axis: int) -> set[int]:
+                return {i for i, ld in enumerate(loads) if self._stride(ld, axis) == 0}
+
+            # the rows reuse what the columns load: an axis along which the other inputs are broadcast
+            rows = [a for a in broadcast if a != col and broadcast_in(a) != broadcast_in(col)]
+            rows = rows or [a for a in broadcast if a != col]
+            row = ([a for a in rows if a in contiguous] or rows or [None])[-1]
             col_size = _int(self.full_shape[col])
-            col_amount = self._divisor(col_size, (2 * vw, vw, 8, 4, 2) if vw > 1 else (4, 2))
             # the column axis first, so that it is the last (fastest, vectorized) upcast axis
             if not col_amount or not self._try(Opt(OptOps.UPCAST, col, col_amount)):
                 col = -1
@@ -368,7 +372,8 @@ class Kernel:
                 col = -1
             if row is not None:
                 row_size = _int(self.full_shape[row])
-                row_amount = self._divisor(row_size, (8, 4, 2) if vw > 1 else (4, 2))
+                limit = min(16 if vw > 1 else 4, MAX_UPCAST // max(col_amount, 1))
+                row_amount = self._divisor(row_size, tuple(range(limit, 1, -1)))
                 if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)) or row_amount == row_size:
                     row = None
             if row is not None and col >= 0:
@@ -393,6 +398,22 @@ class Kernel:
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= MAX_LANES:
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
+
+    def _tile_column(self, broadcast: list[int], contiguous: list[int], vw: int) -> tuple[int, int]:
+        """The tile's column axis (its last upcast axis: the vector axis) and how many columns a tile has."""
+        if vw > 1:
+            for amount in (2 * vw, vw):
+                fits = [a for a in broadcast if a in contiguous and _int(self.full_shape[a]) % amount == 0]
+                if fits:
+                    return fits[-1], amount
+            # no contiguous axis holds a vector: gather one along the axis with the smallest stride
+            fits = [a for a in broadcast if _int(self.full_shape[a]) % vw == 0]
+            if fits:
+                strides = {a: [self._stride(ld, a) for ld in self._loads()] for a in fits}
+                return min(fits, key=lambda a: max(s if isinstance(s, int) else 1 << 62 for s in strides[a])), vw
+        cols = [a for a in broadcast if a in contiguous]
+        col = cols[-1] if cols else broadcast[-1]
+        return col, self._divisor(_int(self.full_shape[col]), (8, 4, 2) if vw > 1 else (4, 2))
 
     def _block_for_cache(self, row: int, col: int) -> None:
         """CPU loops over a big matmul-like reduce: run the reduce in blocks of BLOCK_REDUCE steps, each over a
