@@ -104,7 +104,7 @@ class CStyleLanguage(Renderer):
             base, const = names[id(idx.src[0])], names[id(idx.src[1])]
         else:
             base, const = names[id(idx)], "0"
-        if dt is not None and dt.count > 1:
+        if dt is not None and dt.count > 1 and self.vector_uops:  # n scalars from a scalar buffer
             return f"*({self.render_dtype(dt)}*)({buf}+{base}+{const})"
         return f"({buf}+{base})[{const}]" if const != "0" else f"{buf}[{base}]"
 
@@ -259,10 +259,9 @@ class CStyleLanguage(Renderer):
                     emit(line)
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render uop {u.op}")
-        vector_types = dict.fromkeys(u.dtype for u in uops if u.dtype is not None and u.dtype.count > 1)
-        if vector_types and not self.vector_uops:
-            raise NotImplementedError(f"{type(self).__name__} has no vector types (vector_uops is False)")
-        kernel[:0] = [self.render_vector_type(dt) for dt in vector_types]
+        if self.vector_uops:  # dialects without vector uops spell their own vector types (float4, half4, ...)
+            vector_types = dict.fromkeys(u.dtype for u in uops if u.dtype is not None and u.dtype.count > 1)
+            kernel[:0] = [self.render_vector_type(dt) for dt in vector_types]
         return self.render_kernel(name, kernel, bufs)
 
 
