@@ -6,7 +6,7 @@ heuristics, or a given list of Opts) on the same input buffers, on PYTHON and, w
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
@@ -286,3 +286,70 @@ def test_jit_replay_launches_directly_and_counts() -> None:
         assert out.numpy().tolist() == (2 * i + np.arange(8)).tolist()
     with pytest.raises(JitError):
         step(Tensor(np.zeros(9, dtype=np.float32)).realize(), y=Tensor(np.zeros(9, dtype=np.float32)).realize())
+
+
+# ***** BEAM search *****
+
+
+def test_beam_search_keeps_results_and_caches_its_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgcore.engine import search
+
+    store: dict[str, Any] = {}
+    monkeypatch.setattr(search, "diskcache_get", lambda table, key: store.get(repr(sorted(key.items()))))
+    monkeypatch.setattr(
+        search, "diskcache_put", lambda table, key, val: store.setdefault(repr(sorted(key.items())), val)
+    )
+    monkeypatch.setattr(search, "MAX_STEPS", 2)
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((8, 16)), data((16, 8), seed=1))
+    renderer = Device["PYTHON"].renderer
+    found = search.beam_search(Kernel(si.ast, renderer), "PYTHON", 2)
+    assert same(run("PYTHON", si, Kernel(si.ast, renderer)), run("PYTHON", si, found))
+    assert len(store) == 1 and list(store.values())[0] == [[o.op.name, o.axis, o.amount] for o in found.applied_opts]
+
+    def no_timing(*args: Any) -> None:
+        raise AssertionError("a cached search must not time anything")
+
+    monkeypatch.setattr(search._Timer, "time", no_timing)
+    again = search.beam_search(Kernel(si.ast, renderer), "PYTHON", 2)
+    assert again.applied_opts == found.applied_opts
+
+
+def test_beam_drops_a_candidate_whose_result_differs() -> None:
+    from tgcore.engine import search
+
+    plus = last_kernel("PYTHON", lambda a, b: a + b, data((4, 8)), data((4, 8), seed=1))
+    times = last_kernel("PYTHON", lambda a, b: a * b, data((4, 8)), data((4, 8), seed=1))
+    renderer = Device["PYTHON"].renderer
+    k_plus, k_times = Kernel(plus.ast, renderer), Kernel(times.ast, renderer)
+    bufs = search._random_buffers(k_plus, "PYTHON")
+    assert bufs is not None
+    timer = search._Timer("PYTHON", bufs)
+    (a, pa), (b, pb) = timer.programs([k_plus, k_times])
+    assert timer.time(a, pa) is not None  # the reference
+    assert timer.time(b, pb) is None  # another result: dropped
+
+
+def test_beam_leaves_in_place_kernels_to_the_heuristics() -> None:
+    from tgcore.engine import search
+
+    x = Tensor(np.arange(64, dtype=np.float32)).realize()
+    si = x.assign(x * 2).schedule()[-1]
+    k = search.beam_search(Kernel(si.ast, Device["PYTHON"].renderer), "PYTHON", 2)
+    assert k.applied_opts == get_kernel(Device["PYTHON"].renderer, si.ast).applied_opts
+
+
+def test_beam_through_realize(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tgcore.engine import search
+
+    store: dict[str, Any] = {}
+    monkeypatch.setattr(search, "diskcache_get", lambda table, key: store.get(repr(sorted(key.items()))))
+    monkeypatch.setattr(
+        search, "diskcache_put", lambda table, key, val: store.setdefault(repr(sorted(key.items())), val)
+    )
+    monkeypatch.setattr(search, "MAX_STEPS", 1)
+    a, b = data((12, 20)), data((20, 4), seed=1)
+    with Context(NOOPT=1):
+        reference = (Tensor(a) @ Tensor(b)).relu().numpy()
+    with Context(BEAM=1):
+        got = (Tensor(a) @ Tensor(b)).relu().numpy()
+    assert same(reference, got) and store

@@ -146,10 +146,17 @@ def _exact_consts(ast: LazyOp) -> tuple[Any, ...]:
     )
 
 
-def get_kernel(renderer: Renderer, ast: LazyOp) -> Kernel:
-    """The Kernel for `ast`, optimized for `renderer` unless NOOPT: BEAM search when BEAM=n, else heuristics."""
+def get_kernel(renderer: Renderer, ast: LazyOp, device: Optional[str] = None) -> Kernel:
+    """The Kernel for `ast`, optimized for `renderer` unless NOOPT: with BEAM=n (and the device to time it on) the
+    fastest form a beam search finds, else the hand-coded heuristics' choice."""
     k = Kernel(ast, renderer)
-    if not NOOPT:
+    if NOOPT:
+        pass
+    elif BEAM >= 1 and device is not None:
+        from tgcore.engine.search import beam_search
+
+        k = beam_search(k, device, BEAM.value)
+    else:
         k.hand_coded_optimizations()
     if DEBUG >= 3:
         print(f"{k.name}: {k.applied_opts}")
@@ -163,7 +170,9 @@ def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
         return hit[1]
     key = (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
     if (runner := _runner_cache.get(key)) is None:
-        runner = _runner_cache[key] = CompiledRunner(device, get_kernel(Device[device].renderer, ast).to_program())
+        runner = _runner_cache[key] = CompiledRunner(
+            device, get_kernel(Device[device].renderer, ast, device).to_program()
+        )
     if len(_runner_by_id) >= 8192:
         _runner_by_id.clear()
     _runner_by_id[by_id] = (ast, runner)
