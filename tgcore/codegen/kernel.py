@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
 
+from tgcore.codegen.uops import VECTOR_ALU
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod, to_function_name
-from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, UnaryOps
+from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import sint
@@ -445,6 +446,9 @@ class Kernel:
     def _optimize_elementwise(self, globals_: list[int], vw: int) -> None:
         if vw <= 1:
             return
+        alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
+        if getattr(self.opts, "vector_uops", False) and any(x.op not in VECTOR_ALU for x in alu):
+            return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
         contiguous = [a for a in globals_ if self._stride(out, a) == 1]
         if contiguous:

@@ -11,7 +11,7 @@ import itertools
 from typing import Any, Optional, Union
 
 from tgcore.codegen.kernel import Kernel, dtype_of
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
@@ -22,8 +22,6 @@ _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 THREAD_MIN_WORK = 1 << 17
 _THREAD_BOUNDS = ("core_start", "core_end")
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
-_VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
-_VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
 _VECTOR_REDUCE = (ReduceOps.SUM,)
 MAX_VECTOR = 16
 # a value of one group of lanes: a vector uop, or one scalar uop per lane
@@ -341,7 +339,7 @@ class Linearizer:
         return (x,) * self.width
 
     def _vectorizable(self, dt: DType) -> bool:
-        return self.width > 1 and dt in _VECTOR_DTYPES
+        return self.width > 1 and dt in VECTOR_DTYPES
 
     def lower(self, op: LazyOp) -> list[Value]:
         """The value of AST node `op` at the current position, one per group (each shared node is lowered once per
@@ -366,7 +364,7 @@ class Linearizer:
         for group in zip(*srcs):
             src_dts = [dtype_of(s) for s in op.src]
             if (
-                op.op in _VECTOR_ALU
+                op.op in VECTOR_ALU
                 and self._vectorizable(dt)
                 and all(d == dt for d in src_dts)
                 and any(not isinstance(v, tuple) for v in group)

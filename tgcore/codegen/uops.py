@@ -42,7 +42,12 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Optional
 
-from tgcore.dtype import DType
+from tgcore.dtype import DType, dtypes
+from tgcore.ops import BinaryOps, UnaryOps
+
+# what vectors are made of, and the ALU ops that take them (see the module docstring)
+VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
+VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
 
 
 class UOps(Enum):
