@@ -149,6 +149,7 @@ class LLVMRenderer(Renderer):
     has_local = False
     has_shared = False
     supports_float4 = False
+    threads = True  # the core splits a big kernel's outermost loop across the host's cores (two more DEFINE_VARs)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _FunctionWriter(name, uops).render()

@@ -1,0 +1,58 @@
+"""tg-llvm on several cores: a big kernel's outermost loop is split across threads and every result stays the same,
+bit for bit, whatever the thread count (TGCORE_THREADS) and with the optimizer off (NOOPT)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tgcore import Device, Tensor
+from tgcore.engine.realize import get_kernel, thread_count
+from tgcore.helpers import Context
+
+pytestmark = pytest.mark.skipif(Device.status("LLVM") is not None, reason="LLVM is not available here")
+
+CASES = {
+    "elementwise": (lambda a, b: (a * b + a).exp(), [(1021, 389), (1021, 389)]),
+    "matmul": (lambda a, b: a @ b, [(300, 128), (128, 256)]),
+    "sum_rows": (lambda a: a.sum(axis=1), [(1031, 700)]),
+    "sum_columns": (lambda a: a.sum(axis=0), [(700, 1031)]),
+    "max": (lambda a: a.max(axis=1), [(1024, 512)]),
+}
+
+
+def run(build, inputs: list[np.ndarray]) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return build(*[Tensor(x, device="LLVM") for x in inputs]).numpy()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_thread_counts_give_the_same_bits(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    build, shapes = CASES[case]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    with Context(NOOPT=1):
+        reference = run(build, inputs)
+    for threads in ("1", "2", "3", "7"):
+        monkeypatch.setenv("TGCORE_THREADS", threads)
+        assert thread_count() == int(threads)
+        np.testing.assert_array_equal(run(build, inputs), reference, err_msg=f"{case} on {threads} threads")
+
+
+def test_big_kernels_split_and_small_ones_do_not() -> None:
+    renderer = Device["LLVM"].renderer
+    big = (Tensor.ones(1024, 1024, device="LLVM").contiguous() + 1).schedule()[-1]
+    small = (Tensor.ones(16, device="LLVM").contiguous() + 1).schedule()[-1]
+    program = get_kernel(renderer, big.ast).to_program()
+    assert program.thread_extent is not None and program.thread_extent >= 2
+    assert [u.arg[0] for u in program.uops if u.op.name == "DEFINE_VAR"][-2:] == ["core_start", "core_end"]
+    assert get_kernel(renderer, small.ast).to_program().thread_extent is None
+
+
+def test_in_place_update_is_not_split() -> None:
+    x = Tensor(np.arange(1 << 18, dtype=np.float32), device="LLVM").realize()
+    si = x.assign(x * 2 + 1).schedule()[-1]  # reads the buffer it writes: the kernel stays on one thread
+    program = get_kernel(Device["LLVM"].renderer, si.ast).to_program()
+    assert any(leaf.arg.idx == 0 for leaf in si.ast.lazyops() if leaf.op.name == "LOAD")
+    assert program.thread_extent is None
+    x.realize()
+    np.testing.assert_array_equal(x.numpy(), np.arange(1 << 18, dtype=np.float32) * 2 + 1)
