@@ -34,6 +34,7 @@ MAX_UPCAST = 256
 MAX_LANES = 512
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
+MAX_GROUP = 128  # work items in a workgroup the heuristics make
 PANEL_TILES = 4
 
 
@@ -363,7 +364,8 @@ class Kernel:
             # the rows reuse what the columns load: an axis along which the other inputs are broadcast
             rows = [a for a in broadcast if a != col and broadcast_in(a) != broadcast_in(col)]
             rows = rows or [a for a in broadcast if a != col]
-            row = ([a for a in rows if a in contiguous] or rows or [None])[-1]
+            row: Optional[int] = ([a for a in rows if a in contiguous] or rows or [-1])[-1]
+            row = None if row == -1 else row
             col_size = _int(self.full_shape[col])
             # the column axis first, so that it is the last (fastest, vectorized) upcast axis
             if not col_amount or not self._try(Opt(OptOps.UPCAST, col, col_amount)):
@@ -457,13 +459,15 @@ class Kernel:
                 self._try(Opt(OptOps.UPCAST, contiguous[-1], amount))
 
     def _optimize_locals(self) -> None:
+        """Workgroups of up to MAX_GROUP items from the innermost global axes, each axis keeping two groups or more
+        (a kernel that is one workgroup runs on one compute unit)."""
         local_max = self.opts.local_max or (1,)
-        budget = max(local_max)
+        budget = min(max(local_max), MAX_GROUP)
         for axis in reversed(range(self.first_reduce - self.local_dims)):
             size = self.full_shape[axis]
             if not isinstance(size, int) or budget < 2 or self.local_dims >= 3:
                 break
-            amount = self._divisor(size, tuple(c for c in (32, 16, 8, 4, 2) if c <= budget))
+            amount = self._divisor(size, tuple(c for c in (32, 16, 8, 4, 2) if c <= budget and c * 2 <= size))
             if amount and self._try(Opt(OptOps.LOCAL, axis, amount)):
                 budget //= amount
 

@@ -430,16 +430,15 @@ class Linearizer:
         current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
         for key, groups in groups_of.items():
             for g in sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled]):
-                if vector:
-                    new = self.uop(
-                        UOps.ALU, dt.vec(self.width), (current[key], self._vector(vals[g])), BinaryOps.ADD, cse=False
-                    )
-                    current[key] = self._phi(current[key], new)
+                cur = current[key]
+                if not isinstance(cur, tuple):  # a vector accumulator
+                    new = self.uop(UOps.ALU, cur.dtype, (cur, self._vector(vals[g])), BinaryOps.ADD, cse=False)
+                    current[key] = self._phi(cur, new)
                 else:
                     alu = _REDUCE_ALU[op.op]  # type: ignore[index]
                     current[key] = tuple(
-                        self._phi(a, self.uop(UOps.ALU, dt, (a, v), alu, cse=False))
-                        for a, v in zip(self._scalars(current[key]), self._scalars(vals[g]))
+                        self._phi_one(a, self.uop(UOps.ALU, dt, (a, v), alu, cse=False))
+                        for a, v in zip(cur, self._scalars(vals[g]))
                     )
         for r in reversed(loops):
             self.close_range(r)
@@ -453,8 +452,11 @@ class Linearizer:
         """The accumulator `acc` takes `new` (each lane's, for scalars); reading it afterwards reads the new value."""
         if isinstance(acc, tuple):
             assert isinstance(new, tuple)
-            return tuple(self._phi(a, n) for a, n in zip(acc, new))  # type: ignore[misc]
+            return tuple(self._phi_one(a, n) for a, n in zip(acc, new))
         assert not isinstance(new, tuple)
+        return self._phi_one(acc, new)
+
+    def _phi_one(self, acc: UOp, new: UOp) -> UOp:
         return self.uop(UOps.PHI, acc.dtype, (acc.src[0] if acc.op is UOps.PHI else acc, new), cse=False)
 
     def _acc(self, acc: Value) -> Value:
