@@ -27,6 +27,8 @@ class ClangProgram:
         finally:
             os.unlink(path)  # the loaded library stays mapped
         self.fxn = getattr(self.lib, name)
+        self._ptrs, self._ints = self.ffi.typeof("uintptr_t[]"), self.ffi.typeof("int[]")
+        self._no_ints = self.ffi.new(self._ints, 1)
 
     def __call__(
         self,
@@ -36,8 +38,8 @@ class ClangProgram:
         vals: tuple[int, ...] = (),
         wait: bool = False,
     ) -> Optional[float]:
-        ptrs = self.ffi.new("uintptr_t[]", [ctypes.addressof(b) for b in bufs] or [0])
-        ints = self.ffi.new("int[]", vals or (0,))
+        ptrs = self.ffi.new(self._ptrs, [ctypes.addressof(b) for b in bufs] or [0])
+        ints = self.ffi.new(self._ints, vals) if vals else self._no_ints
         if not wait:
             self.fxn(ptrs, ints)
             return None
