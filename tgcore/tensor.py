@@ -164,26 +164,22 @@ class Tensor:
     class train(contextlib.ContextDecorator):
         """`with Tensor.train():` or `@Tensor.train()`: set Tensor.training to `mode` inside, restore it after."""
 
+        flag = "training"
+
         def __init__(self, mode: bool = True) -> None:
             self.mode = mode
 
         def __enter__(self) -> None:
-            self.prev, Tensor.training = Tensor.training, self.mode
+            self.prev = getattr(Tensor, self.flag)
+            setattr(Tensor, self.flag, self.mode)
 
         def __exit__(self, *exc: Any) -> None:
-            Tensor.training = self.prev
+            setattr(Tensor, self.flag, self.prev)
 
-    class inference_mode(contextlib.ContextDecorator):
+    class inference_mode(train):
         """`with Tensor.inference_mode():` or as a decorator: set Tensor.no_grad to `mode` inside, restore it after."""
 
-        def __init__(self, mode: bool = True) -> None:
-            self.mode = mode
-
-        def __enter__(self) -> None:
-            self.prev, Tensor.no_grad = Tensor.no_grad, self.mode
-
-        def __exit__(self, *exc: Any) -> None:
-            Tensor.no_grad = self.prev
+        flag = "no_grad"
 
     # ***** realization *****
 
