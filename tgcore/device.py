@@ -178,7 +178,7 @@ class Buffer:
         """Give the buffer memory (its own, the given opaque, or a slice of its base)."""
         if self._opaque is not None:
             return self
-        allocator = Device[self.device].allocator
+        self._allocator = allocator = Device[self.device].allocator  # kept: __del__ frees through it
         if self.base is not None:
             self.base.allocate()
             if not hasattr(allocator, "offset"):
@@ -195,7 +195,7 @@ class Buffer:
             return
         try:
             GlobalCounters.mem_used -= self.nbytes
-            Device[self.device].allocator.free(self._opaque, self.nbytes, self.options)
+            self._allocator.free(self._opaque, self.nbytes, self.options)
         except Exception:  # interpreter shutdown: the memory goes with the process
             pass
 
@@ -349,6 +349,8 @@ class _Device:
         return reason
 
     def __getitem__(self, name: str) -> Compiled:
+        if (inst := self._instances.get(name)) is not None:  # already canonical and open: the common case
+            return inst
         full = self.canonicalize(name)
         if (inst := self._instances.get(full)) is not None:
             return inst

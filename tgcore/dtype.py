@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Final, Optional, Union
 
@@ -20,6 +21,28 @@ class DType:
     name: str  # the C spelling, used by C-family renderers
     fmt: Optional[str]  # struct/memoryview format character, None where Python has none
     count: int = 1
+
+    # dtypes are compared and hashed on every op: identity first, and the hash computed once
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (
+            self.name == other.name  # type: ignore[attr-defined]
+            and self.count == other.count  # type: ignore[attr-defined]
+            and self._fields() == other._fields()  # type: ignore[attr-defined]
+        )
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self._fields())
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def _fields(self) -> tuple:
+        return (self.priority, self.itemsize, self.name, self.fmt, self.count)
 
     def __repr__(self) -> str:
         if self.count > 1:
@@ -81,15 +104,15 @@ class dtypes:
 
     @staticmethod
     def is_float(x: DType) -> bool:
-        return x.scalar() in (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+        return x.scalar() in dtypes._float_set
 
     @staticmethod
     def is_int(x: DType) -> bool:
-        return x.scalar() in dtypes._ints
+        return x.scalar() in dtypes._int_set
 
     @staticmethod
     def is_unsigned(x: DType) -> bool:
-        return x.scalar() in (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
+        return x.scalar() in dtypes._uint_set
 
     @staticmethod
     def from_np(x: Union[type, np.dtype]) -> DType:
@@ -174,7 +197,9 @@ class dtypes:
     default_float: DType = float32
     default_int: DType = int32
 
-    _ints = (int8, uint8, int16, uint16, int32, uint32, int64, uint64)
+    _int_set = frozenset((int8, uint8, int16, uint16, int32, uint32, int64, uint64))
+    _uint_set = frozenset((uint8, uint16, uint32, uint64))
+    _float_set = frozenset((float16, bfloat16, float32, float64))
 
 
 _NUMPY_TYPES: dict[str, type] = {
@@ -266,6 +291,12 @@ def to_dtype(x: Union[DType, str, type, np.dtype]) -> DType:
 
 def truncate(val: ConstType, dtype: DType) -> ConstType:
     """`val` as a value of `dtype`: ints wrap, floats round to the dtype's precision."""
+    if (fmt := _STRUCT_FLOAT.get(dtype)) is not None:  # struct rounds like numpy (to nearest even), and faster
+        try:
+            return struct.unpack(fmt, struct.pack(fmt, val))[0]
+        except (OverflowError, struct.error):  # out of range: numpy decides (inf, or an error for huge ints)
+            with np.errstate(over="ignore"):
+                return float(np.array(val, dtype=dtype.np))
     if dtype == dtypes.bool:
         return bool(val)
     if dtypes.is_int(dtype):
@@ -278,6 +309,9 @@ def truncate(val: ConstType, dtype: DType) -> ConstType:
         return float(val)
     with np.errstate(over="ignore"):
         return float(np.array(val, dtype=dtype.np))
+
+
+_STRUCT_FLOAT = {dtypes.float32: "f", dtypes.float16: "e"}
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:

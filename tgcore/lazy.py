@@ -18,6 +18,7 @@ from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, 
 from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
+from tgcore.shape.view import View
 
 
 class LazyBuffer:
@@ -95,11 +96,13 @@ class LazyBuffer:
     def const(self, val: ConstType, shape: Optional[tuple[sint, ...]] = None) -> LazyBuffer:
         """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape)."""
         shape = self.shape if shape is None else shape
-        return (
-            LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
-            .reshape((1,) * len(shape))
-            .expand(shape)
-        )
+        base = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
+        if not shape:
+            return base
+        st = ShapeTracker((View.create(shape, (0,) * len(shape)),))  # the broadcast, built in one step
+        if st.size == 0:
+            return base.reshape((1,) * len(shape)).expand(shape)
+        return LazyBuffer(self.device, st, self.dtype, base=base)
 
     def is_unrealized_const(self) -> bool:
         return self.base.realized is None and self.base.op is LoadOps.CONST
@@ -141,18 +144,22 @@ class LazyBuffer:
     def e(self, op: Union[UnaryOps, BinaryOps, TernaryOps], *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
         """Elementwise `op` of this buffer and `in_srcs` (same shape and device)."""
         srcs = (self, *in_srcs)
-        for s in srcs:
+        for s in in_srcs:
             if s.shape != self.shape:
                 raise ValueError(f"{op} needs operands of one shape, got {[x.shape for x in srcs]}")
             if s.device != self.device:
                 raise ValueError(f"{op} needs operands on one device, got {[x.device for x in srcs]}")
         value_srcs = srcs[1:] if op is TernaryOps.WHERE else srcs
-        if any(s.dtype != value_srcs[0].dtype for s in value_srcs):
-            raise TypeError(f"{op} needs operands of one dtype, got {[s.dtype for s in value_srcs]}")
+        value_dtype = value_srcs[0].dtype
+        for s in value_srcs:
+            if s.dtype != value_dtype:
+                raise TypeError(f"{op} needs operands of one dtype, got {[s.dtype for s in value_srcs]}")
         if op is TernaryOps.WHERE and self.dtype != dtypes.bool:
             raise TypeError(f"WHERE needs a bool condition, got {self.dtype}")
-        out_dtype = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ) else value_srcs[0].dtype
-        if all(s.is_unrealized_unmasked_const() and not isinstance(s.base.arg, Node) for s in srcs):
+        out_dtype = dtypes.bool if op is BinaryOps.CMPLT or op is BinaryOps.CMPEQ else value_dtype
+        if self.base.op is LoadOps.CONST and all(
+            s.is_unrealized_unmasked_const() and not isinstance(s.base.arg, Node) for s in srcs
+        ):
             folded = exec_alu(op, out_dtype, [np.array(s.base.arg, dtype=_np_type(s.dtype)) for s in srcs])
             return (
                 LazyBuffer.loadop(LoadOps.CONST, (), out_dtype, self.device, folded.item())

@@ -1486,15 +1486,29 @@ class Tensor:
     ) -> tuple[Tensor, Tensor]:
         x: Tensor = self
         if not isinstance(y, Tensor):
-            if not isinstance(y, (bool, int, float, np.generic)):
+            xlb, yt = x.lazydata, type(y)
+            x_dtype = xlb.dtype
+            if yt is float or yt is int or yt is bool:
+                pass
+            elif isinstance(y, (bool, int, float, np.generic)):
+                y = y.item() if isinstance(y, np.generic) else y
+            else:
                 raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
-            y = y.item() if isinstance(y, np.generic) else y
-            if isinstance(y, float) and not dtypes.is_float(x.dtype):
+            if isinstance(y, float) and x_dtype not in dtypes._float_set:
                 y_dtype = dtypes.default_float
-            elif isinstance(y, int) and not isinstance(y, bool) and x.dtype == dtypes.bool:
+            elif x_dtype == dtypes.bool and isinstance(y, int) and not isinstance(y, bool):
                 y_dtype = dtypes.default_int
             else:
-                y_dtype = x.dtype
+                y_dtype = x_dtype
+            if y_dtype is x_dtype and isinstance(xlb, LazyBuffer):  # fast path: the constant at x's shape
+                const = Tensor.__new__(Tensor)
+                const.lazydata, const.requires_grad, const.grad, const._ctx = (
+                    xlb.const(dtypes.as_const(y, y_dtype)),
+                    False,
+                    None,
+                    None,
+                )
+                return (const, x) if reverse else (x, const)
             y = Tensor(dtypes.as_const(y, y_dtype), device=x.device, dtype=y_dtype, requires_grad=False)
         if x.device != y.device:
             raise ValueError(f"operands are on different devices: {x.device} and {y.device}")
@@ -1503,6 +1517,8 @@ class Tensor:
             x, y = x.cast(out), y.cast(out)
         if reverse:
             x, y = y, x
+        if x.shape == y.shape:
+            return x, y
         shape = _broadcast_shape(x.shape, y.shape)
         return x._broadcast_to(shape), y._broadcast_to(shape)
 

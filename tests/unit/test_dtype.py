@@ -1,4 +1,5 @@
 """Dtypes: layout, names, numpy mapping, the promotion lattice of tinygrad 0.9.0, conversions and limits."""
+
 from __future__ import annotations
 
 import math
@@ -99,15 +100,49 @@ def test_dtypes_hashable_and_equal_by_value() -> None:
 # ***** promotion lattice (tinygrad 0.9.0) *****
 
 PROMOTIONS = [
-    ((B, B), B), ((B, I8), I8), ((B, U8), U8), ((B, I32), I32), ((B, F32), F32), ((B, U64), U64),
-    ((I8, I8), I8), ((I8, U8), I16), ((I8, I16), I16), ((I8, U16), I32), ((I8, U32), I64), ((I8, U64), F16),
-    ((U8, I16), I16), ((U8, U16), U16), ((U8, U32), U32), ((U8, I32), I32), ((U8, U64), U64),
-    ((U16, I16), I32), ((U16, U32), U32), ((U16, I64), I64),
-    ((I32, U32), I64), ((U32, U64), U64), ((U32, I64), I64), ((I32, U64), F16),
-    ((I64, U64), F16), ((I64, F16), F16), ((I64, BF16), BF16), ((U64, BF16), BF16),
-    ((I32, F16), F16), ((I32, F32), F32), ((I64, F64), F64), ((U8, BF16), BF16),
-    ((F16, BF16), F32), ((F16, F32), F32), ((BF16, F32), F32), ((F16, F64), F64), ((BF16, F64), F64), ((F32, F64), F64),
-    ((I8, U8, F16), F16), ((B, I8, U8), I16), ((U16, I8, B), I32), ((F16, BF16, I8), F32), ((I32,), I32),
+    ((B, B), B),
+    ((B, I8), I8),
+    ((B, U8), U8),
+    ((B, I32), I32),
+    ((B, F32), F32),
+    ((B, U64), U64),
+    ((I8, I8), I8),
+    ((I8, U8), I16),
+    ((I8, I16), I16),
+    ((I8, U16), I32),
+    ((I8, U32), I64),
+    ((I8, U64), F16),
+    ((U8, I16), I16),
+    ((U8, U16), U16),
+    ((U8, U32), U32),
+    ((U8, I32), I32),
+    ((U8, U64), U64),
+    ((U16, I16), I32),
+    ((U16, U32), U32),
+    ((U16, I64), I64),
+    ((I32, U32), I64),
+    ((U32, U64), U64),
+    ((U32, I64), I64),
+    ((I32, U64), F16),
+    ((I64, U64), F16),
+    ((I64, F16), F16),
+    ((I64, BF16), BF16),
+    ((U64, BF16), BF16),
+    ((I32, F16), F16),
+    ((I32, F32), F32),
+    ((I64, F64), F64),
+    ((U8, BF16), BF16),
+    ((F16, BF16), F32),
+    ((F16, F32), F32),
+    ((BF16, F32), F32),
+    ((F16, F64), F64),
+    ((BF16, F64), F64),
+    ((F32, F64), F64),
+    ((I8, U8, F16), F16),
+    ((B, I8, U8), I16),
+    ((U16, I8, B), I32),
+    ((F16, BF16, I8), F32),
+    ((I32,), I32),
 ]
 
 
@@ -139,13 +174,31 @@ def test_least_upper_float() -> None:
         assert least_upper_float(d) == F32
 
 
-@pytest.mark.parametrize("dt,acc", [(B, I32), (I8, I32), (U8, U32), (I16, I32), (U16, U32), (I32, I32), (U32, U32),
-                                    (I64, I64), (U64, U64), (F16, F32), (BF16, F32), (F32, F32), (F64, F64)], ids=str)
+@pytest.mark.parametrize(
+    "dt,acc",
+    [
+        (B, I32),
+        (I8, I32),
+        (U8, U32),
+        (I16, I32),
+        (U16, U32),
+        (I32, I32),
+        (U32, U32),
+        (I64, I64),
+        (U64, U64),
+        (F16, F32),
+        (BF16, F32),
+        (F32, F32),
+        (F64, F64),
+    ],
+    ids=str,
+)
 def test_sum_acc_dtype(dt: DType, acc: DType) -> None:
     assert sum_acc_dtype(dt) == acc
 
 
 # ***** conversions *****
+
 
 def test_to_dtype() -> None:
     assert to_dtype("float32") == F32 and to_dtype("bfloat16") == BF16 and to_dtype("bool") == B
@@ -156,8 +209,9 @@ def test_to_dtype() -> None:
         to_dtype(np.complex64)
 
 
-@pytest.mark.parametrize("bad", [np.complex64, np.complex128, np.dtype("U3"), np.object_, np.dtype("datetime64[s]")],
-                         ids=str)
+@pytest.mark.parametrize(
+    "bad", [np.complex64, np.complex128, np.dtype("U3"), np.object_, np.dtype("datetime64[s]")], ids=str
+)
 def test_from_np_errors(bad: object) -> None:
     with pytest.raises(TypeError, match="no tgcore dtype"):
         dtypes.from_np(bad)
@@ -179,6 +233,7 @@ def test_as_const() -> None:
 
 
 # ***** limits and truncation *****
+
 
 @pytest.mark.parametrize("dt", [I8, U8, I16, U16, I32, U32, I64, U64], ids=str)
 def test_int_min_max(dt: DType) -> None:
@@ -215,3 +270,28 @@ def test_truncate_floats() -> None:
     assert truncate(1e39, F32) == math.inf and math.isnan(truncate(math.nan, F32))
     assert truncate(1.0 + 2.0**-8, BF16) == 1.0 and truncate(1.0 + 3 * 2.0**-8, BF16) == 1.0 + 2.0**-6
     assert truncate(3, F32) == 3.0 and isinstance(truncate(3, F32), float)
+
+
+@pytest.mark.parametrize("dt", [F16, F32], ids=str)
+def test_truncate_floats_match_numpy_rounding(dt: DType) -> None:
+    # truncate rounds float16/float32 through struct; it must agree with numpy everywhere, overflow included
+    rng = np.random.default_rng(0)
+    big = 65504.0 if dt == F16 else float(np.finfo(np.float32).max)
+    values = [0.0, -0.0, math.inf, -math.inf, big, -big, big * (1 + 2**-12), big * 1.01, -big * 1.01, 5e-324, -1e-45]
+    values += [float(v) for v in rng.standard_normal(200) * rng.choice([1e-8, 1.0, 1e4, 1e38], 200)]
+    for v in values:
+        with np.errstate(over="ignore"):
+            expect = float(np.array(v, dtype=dt.np))
+        got = truncate(v, dt)
+        assert got == expect and math.copysign(1, got) == math.copysign(1, expect), (v, got, expect)
+    assert truncate(10**40, dt) == math.inf and truncate(-(10**40), dt) == -math.inf
+    with pytest.raises(OverflowError):  # a Python int beyond float64 has no float value at all
+        truncate(2**1100, dt)
+
+
+def test_dtype_equality_and_hash_are_structural() -> None:
+    twin = DType(F32.priority, F32.itemsize, F32.name, F32.fmt)
+    assert twin == F32 and hash(twin) == hash(F32) and twin is not F32
+    assert dtypes.is_float(twin) and not dtypes.is_int(twin) and {F32: 1}[twin] == 1
+    assert PtrDType.of(F32) != F32 and F32 != PtrDType.of(F32) and F32 != I32 and F32 != "float32"
+    assert sorted([F64, I8, F16]) == [I8, F16, F64]

@@ -22,6 +22,7 @@ from tgcore.shape.view import View
 
 # ---- helpers --------------------------------------------------------------------------------------
 
+
 def np_eval(node, env):
     """Evaluate a Node over numpy index grids (also checks only the documented node kinds appear)."""
     if isinstance(node, int):
@@ -110,11 +111,11 @@ def op_for(draw, shape):
         cands = [(i, p) for i, s in enumerate(shape) for p in range(2, s) if s % p == 0]
         if cands:
             i, p = draw(st.sampled_from(cands))
-            return "reshape", shape[:i] + (p, shape[i] // p) + shape[i + 1:]
+            return "reshape", shape[:i] + (p, shape[i] // p) + shape[i + 1 :]
         kind = "reshape_any"
     if kind == "reshape_merge" and nd >= 2:
         i = draw(st.integers(0, nd - 2))
-        return "reshape", shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2:]
+        return "reshape", shape[:i] + (shape[i] * shape[i + 1],) + shape[i + 2 :]
     if kind == "reshape_ones":
         if 1 in shape and draw(st.booleans()):
             return "reshape", tuple(s for s in shape if s != 1)
@@ -171,6 +172,7 @@ def run_chain(shape, ops):
 
 
 # ---- property tests ---------------------------------------------------------------------------------
+
 
 @settings(max_examples=250, deadline=None)
 @given(chains())
@@ -286,6 +288,7 @@ def test_invert(case):
 
 # ---- views that must stay a single view -----------------------------------------------------------
 
+
 def test_reshape_contiguous_one_view():
     s = ShapeTracker.from_shape((2, 3, 4)).reshape((6, 4)).reshape((24,)).reshape((2, 12))
     assert len(s.views) == 1 and s.contiguous and s.views[0].strides == (12, 1)
@@ -383,6 +386,7 @@ def test_expr_idxs_render():
 
 # ---- symbolic shapes ---------------------------------------------------------------------------------
 
+
 def test_symbolic_reshape():
     n = Variable("n", 1, 10)
     s = ShapeTracker.from_shape((n * 4,)).reshape((n, 4))
@@ -431,21 +435,25 @@ def test_bound_vars_unbind():
 
 # ---- errors -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fn", [
-    lambda s: s.reshape((5, 5)),
-    lambda s: s.reshape((-1, 12)),
-    lambda s: s.permute((0, 0)),
-    lambda s: s.permute((0,)),
-    lambda s: s.expand((4, 8)),
-    lambda s: s.expand((3,)),
-    lambda s: s.pad(((0, 1),)),
-    lambda s: s.pad(((-1, 0), (0, 0))),
-    lambda s: s.shrink(((0, 4), (0, 4))),
-    lambda s: s.shrink(((2, 1), (0, 4))),
-    lambda s: s.shrink(((-1, 1), (0, 4))),
-    lambda s: s.stride((0, 1)),
-    lambda s: s.stride((1,)),
-])
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda s: s.reshape((5, 5)),
+        lambda s: s.reshape((-1, 12)),
+        lambda s: s.permute((0, 0)),
+        lambda s: s.permute((0,)),
+        lambda s: s.expand((4, 8)),
+        lambda s: s.expand((3,)),
+        lambda s: s.pad(((0, 1),)),
+        lambda s: s.pad(((-1, 0), (0, 0))),
+        lambda s: s.shrink(((0, 4), (0, 4))),
+        lambda s: s.shrink(((2, 1), (0, 4))),
+        lambda s: s.shrink(((-1, 1), (0, 4))),
+        lambda s: s.stride((0, 1)),
+        lambda s: s.stride((1,)),
+    ],
+)
 def test_movement_errors(fn):
     with pytest.raises(ValueError):
         fn(ShapeTracker.from_shape((3, 4)))
@@ -471,5 +479,22 @@ def test_node_kinds_only():
         for c in [getattr(x, f, None) for f in ("a", "b")] + list(getattr(x, "nodes", ())):
             if isinstance(c, Node):
                 walk(c)
+
     walk(idx)
     walk(valid)
+
+
+def test_view_and_shapetracker_caches_keep_arguments_exact() -> None:
+    # memoized for plain ints only: anything else is checked (or kept symbolic) as if there were no cache
+    assert View.create((2, 3)) is View.create([2, 3]) and ShapeTracker.from_shape((2, 3)) is ShapeTracker.from_shape(
+        [2, 3]
+    )
+    for bad in ((2.0, 3), (2, np.int64(3))):
+        with pytest.raises(ValueError, match="invalid shape"):
+            ShapeTracker.from_shape(bad)
+        with pytest.raises(ValueError, match="invalid shape"):
+            View.create(bad)
+    i = Variable("i", 1, 10)
+    st = ShapeTracker.from_shape((i.bind(4), 3))
+    assert st.shape[0].val == 4 and ShapeTracker.from_shape((i, 3)).shape[0].val is None
+    assert hash(View.create((4, 5), (5, 1))) == hash(View._create((4, 5), (5, 1), 0, None))

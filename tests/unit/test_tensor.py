@@ -1410,3 +1410,30 @@ def test_grad_through_cast() -> None:
     x = Tensor(np.float32([1.0, 2.0]), requires_grad=True)
     (x.cast(dtypes.float64) * 3).sum().backward()
     close(x.grad, np.float32([3, 3]), dtype=dtypes.float32)
+
+
+def test_python_scalar_operands_follow_the_promotion_rules() -> None:
+    # the scalar fast path builds the constant at the tensor's shape; dtypes and values must be those of numpy
+    f = Tensor([1.5, -2.0])
+    i = Tensor([3, -7], dtype=dtypes.int32)
+    b = Tensor([True, False])
+    i8 = Tensor([100, -100], dtype=dtypes.int8)
+    assert (i + 2.5).dtype == dtypes.float32 and (i + 2.5).tolist() == [5.5, -4.5]
+    assert (2.5 - i).tolist() == [-0.5, 9.5] and (2 - i).tolist() == [-1, 9] and (2 - i).dtype == dtypes.int32
+    assert (b + 1).dtype == dtypes.int32 and (b + 1).tolist() == [2, 1]
+    assert (b * True).dtype == dtypes.bool and (b * True).tolist() == [True, False]
+    assert (i8 + 1000).dtype == dtypes.int8 and (i8 + 1000).numpy().tolist() == (
+        np.array([100, -100], np.int8) + np.int8(1000 - 1024)
+    ).tolist()
+    assert (
+        (f * np.float64(2)).tolist() == [3.0, -4.0]
+        and (f / 2).tolist() == [0.75, -1.0]
+        and (3 / f).dtype == dtypes.float32
+    )
+    assert (f + np.int32(1)).tolist() == [2.5, -1.0]
+    assert (Tensor.ones(2, 0, 3) + 1).shape == (2, 0, 3) and (Tensor(2.0) + 1).tolist() == 3.0
+    with pytest.raises(TypeError, match="cannot combine a Tensor with str"):
+        _ = f + "1"  # type: ignore[operator]
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    (x * 3 + 1).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [3.0, 3.0]

@@ -8,13 +8,14 @@ new ShapeTrackers; a reshape that cannot be expressed on the last view appends a
 `expr_idxs` turns per-axis index Nodes into (flat buffer index, validity) Nodes; see symbolic.py for
 the node kinds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
-from tgcore.shape.view import View, _canon, _prod
+from tgcore.shape.view import View, _canon, _plain_ints, _prod
 
 
 def _view_expr(view: View, idxs: Sequence[Node]) -> Tuple[Node, Node]:
@@ -68,10 +69,15 @@ def _view_real_size(v: View) -> int:
     mask = v.mask if v.mask is not None else tuple((0, s) for s in v.shape)
     if any(b == e for b, e in mask):
         return 0
+
     def ub(x: sint) -> int:
         return x.max if isinstance(x, Node) else x
+
     hi = ub(v.offset) + sum(max(ub(_canon(st * (e - 1))), ub(_canon(st * b))) for st, (b, e) in zip(v.strides, mask))
     return max(0, hi + 1)
+
+
+_FROM_SHAPE: Dict[Tuple[int, ...], "ShapeTracker"] = {}
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,30 @@ class ShapeTracker:
     views: Tuple[View, ...]
 
     def __post_init__(self):
-        if not isinstance(self.views, tuple) or not self.views or not all(isinstance(v, View) for v in self.views):
-            raise ValueError(f"ShapeTracker needs a non-empty tuple of Views, got {self.views!r}")
+        views = self.views
+        if type(views) is not tuple or not views:
+            raise ValueError(f"ShapeTracker needs a non-empty tuple of Views, got {views!r}")
+        for v in views:
+            if not isinstance(v, View):
+                raise ValueError(f"ShapeTracker needs a non-empty tuple of Views, got {views!r}")
+
+    def __hash__(self) -> int:  # computed once: shapetrackers are hashed in every schedule-cache key
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self.views)
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @staticmethod
     def from_shape(shape: Sequence[sint]) -> "ShapeTracker":
-        return ShapeTracker((View.create(tuple(shape)),))
+        shape = tuple(shape)
+        if not _plain_ints(shape):  # symbolic shapes are not kept: a bound Variable equals its unbound self
+            return ShapeTracker((View.create(shape),))
+        if (ret := _FROM_SHAPE.get(shape)) is None:
+            if len(_FROM_SHAPE) >= 4096:
+                _FROM_SHAPE.clear()
+            ret = _FROM_SHAPE[shape] = ShapeTracker((View.create(shape),))
+        return ret
 
     # ---- info ---------------------------------------------------------------------------------
     @property
@@ -94,7 +118,10 @@ class ShapeTracker:
     @property
     def size(self) -> sint:
         """Number of elements of `shape` (a Node for symbolic shapes)."""
-        return _prod(self.shape)
+        d = self.__dict__  # computed once: a frozen dataclass may still keep a cache in its __dict__
+        if "_size" not in d:
+            object.__setattr__(self, "_size", _prod(self.shape))
+        return d["_size"]
 
     @property
     def contiguous(self) -> bool:
@@ -166,7 +193,7 @@ class ShapeTracker:
         idx, valid = self.expr_idxs(idxs)
         ret: List[Optional[sint]] = [0] * len(idxs)
         axis_of = {x: i for i, x in enumerate(idxs) if isinstance(x, Variable)}
-        for term in (idx.nodes if isinstance(idx, SumNode) else (idx,)):
+        for term in idx.nodes if isinstance(idx, SumNode) else (idx,):
             used = [axis_of[x] for x in term.vars() if x in axis_of]
             if not used:
                 continue

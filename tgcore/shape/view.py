@@ -134,6 +134,17 @@ def _ceil_div(a: sint, m: int) -> sint:
     return _canon((a + (m - 1)) // m)
 
 
+def _plain_ints(xs: Sequence) -> bool:
+    for x in xs:  # a plain loop: this runs for every view made, and beats all() over a generator
+        if type(x) is not int:
+            return False
+    return True
+
+
+_CREATE_CACHE: dict = {}
+_CREATE_CACHE_MAX = 1 << 16
+
+
 # ---- View ---------------------------------------------------------------------------------------
 
 
@@ -153,6 +164,30 @@ class View:
         mask: Optional[Sequence[Tuple[sint, sint]]] = None,
     ) -> "View":
         """The canonical View (see the module docstring); strides default to C-contiguous."""
+        # Views are immutable, so the all-int case (nearly every view a program builds) is memoized. Symbolic
+        # arguments are not: a bound Variable compares equal to the unbound one but must not be swapped for it.
+        if (
+            type(offset) is int
+            and _plain_ints(shape)
+            and (strides is None or _plain_ints(strides))
+            and (mask is None or all(_plain_ints(m) for m in mask))
+        ):
+            key = (
+                tuple(shape),
+                None if strides is None else tuple(strides),
+                offset,
+                None if mask is None else tuple(tuple(m) for m in mask),
+            )
+            ret = _CREATE_CACHE.get(key)
+            if ret is None:
+                if len(_CREATE_CACHE) >= _CREATE_CACHE_MAX:
+                    _CREATE_CACHE.clear()
+                ret = _CREATE_CACHE[key] = View._create(shape, strides, offset, mask)
+            return ret
+        return View._create(shape, strides, offset, mask)
+
+    @staticmethod
+    def _create(shape, strides, offset, mask) -> "View":
         shape = _check_shape(shape)
         n = len(shape)
         if strides is None:
@@ -183,6 +218,13 @@ class View:
                 mask = None
         contiguous = offset == 0 and mask is None and strides == strides_for_shape(shape)
         return View(shape, strides, offset, mask, contiguous)
+
+    def __hash__(self) -> int:  # computed once: views are hashed in every schedule-cache key
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.shape, self.strides, self.offset, self.mask, self.contiguous))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     # ---- info ---------------------------------------------------------------------------------
     def size(self) -> int:
