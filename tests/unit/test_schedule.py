@@ -198,3 +198,22 @@ def test_contiguous_of_a_view_is_a_kernel() -> None:
     got, n = kernels(out)
     assert n == 2
     np.testing.assert_allclose(got, (a_np + 1).T * 2, rtol=1e-6)
+
+
+def test_broadcast_operand_of_a_reduce_is_realized_once() -> None:
+    # a matmul reads each operand through an expand: an elementwise operand (here a ReLU) is one kernel of its own
+    # instead of being recomputed for every output column
+    a_np, w_np = data(6, 5), data(5, 4, seed=1)
+    a, w = Tensor(a_np), Tensor(w_np)
+    out = (a + 1).relu() @ w
+    got, n = kernels(out)
+    assert n == 2
+    np.testing.assert_allclose(got, np.maximum(a_np + 1, 0) @ w_np, rtol=1e-5, atol=1e-6)
+    # the same elementwise op read without a broadcast still joins the reduce
+    got, n = kernels(((a + 1).relu() * a).sum(axis=1))
+    assert n == 1
+    np.testing.assert_allclose(got, (np.maximum(a_np + 1, 0) * a_np).sum(axis=1), rtol=1e-5, atol=1e-6)
+    # and a broadcast into an elementwise kernel (no reduce) stays fused
+    got, n = kernels((a + 1).relu()[:, :1] * w[:1, :])
+    assert n == 1
+    np.testing.assert_allclose(got, np.maximum(a_np + 1, 0)[:, :1] * w_np[:1, :], rtol=1e-6)

@@ -3,7 +3,9 @@
 Fusion rules:
 - A chain of elementwise ops is one kernel: unrealized elementwise bases are inlined into whoever reads them,
   through any view (reshape, permute, expand, shrink, flip; pad only when the inlined ops map 0 to 0).
-- Elementwise ops feeding a reduce join the reduce's kernel.
+- Elementwise ops feeding a reduce join the reduce's kernel, except an elementwise base that the reduce's
+  operands read through an expand (a broadcast, as each matmul operand is): it would be recomputed for every
+  element it is broadcast to, so it is realized once (a kernel of its own) and loaded.
 - A reduce whose result is read, unmoved, by exactly one kernel of its own shape (through elementwise ops
   only) joins that kernel too; otherwise it is a kernel of its own.
 - LoadOps (EMPTY, COPY, CONTIGUOUS, ASSIGN, CUSTOM) and the requested outputs are always realized.
@@ -56,6 +58,15 @@ class ScheduleItem:
         return tuple(x.buffer for x in self.outputs) + tuple(x.base.buffer for x in self.inputs)
 
 
+def _broadcasts(st: ShapeTracker, base_size: Any) -> bool:
+    """Whether reading through `st` visits some element more than once: a stride-0 axis of size > 1, or more
+    elements read than the base holds."""
+    v = st.views[-1]
+    if any(stride == 0 and size != 1 for size, stride in zip(v.shape, v.strides)):
+        return True
+    return isinstance(st.size, int) and isinstance(base_size, int) and st.size > base_size
+
+
 class _Graph:
     """The part of the lazy graph that is not realized yet, with the decision of what to realize."""
 
@@ -65,6 +76,7 @@ class _Graph:
         self.children: dict[LazyBuffer, list[tuple[LazyBuffer, LazyBuffer]]] = {}  # base -> [(child, view read)]
         self.seen: dict[LazyBuffer, None] = {}
         self.masked_reads: list[LazyBuffer] = []
+        self.expanded_reads: list[tuple[LazyBuffer, LazyBuffer]] = []  # (elementwise base, its reader)
         self.pad_safe: dict[LazyBuffer, bool] = {}
         for b in outs:
             self._walk(b)
@@ -73,6 +85,9 @@ class _Graph:
                 self.realizes[b] = None
         for b in self.masked_reads:
             if b not in self.realizes and not self._pad_safe(b):
+                self.realizes[b] = None
+        for b, reader in self.expanded_reads:
+            if reader.op in ReduceOps or any(c.op in ReduceOps for c, _ in self.children.get(reader, [])):
                 self.realizes[b] = None
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
@@ -97,6 +112,8 @@ class _Graph:
                     self.realizes[sb] = None
                 elif any(v.mask is not None for v in src.st.views):
                     self.masked_reads.append(sb)
+                if isinstance(sb.op, _ELEMENTWISE) and _broadcasts(src.st, sb.size):
+                    self.expanded_reads.append((sb, b))
             self._walk(sb)
 
     def _pad_safe(self, b: LazyBuffer) -> bool:
