@@ -31,6 +31,9 @@ from tgcore.shape.symbolic import sint
 
 # the most lanes one loop iteration may carry: global upcasts, and everything (unrolled reduce lanes included)
 MAX_UPCAST = 256
+# an elementwise kernel is upcast (vector lanes) when all its ops are vector ops, or SQRT: one instruction per
+# lane (an optimizer's update is loads, divisions and a square root)
+_ELEMENTWISE_LANES_OK = (*VECTOR_ALU, UnaryOps.SQRT)
 MAX_LANES = 512
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
@@ -449,7 +452,7 @@ class Kernel:
         if vw <= 1:
             return
         alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
-        if getattr(self.opts, "vector_uops", False) and any(x.op not in VECTOR_ALU for x in alu):
+        if getattr(self.opts, "vector_uops", False) and any(x.op not in _ELEMENTWISE_LANES_OK for x in alu):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
         contiguous = [a for a in globals_ if self._stride(out, a) == 1]
