@@ -176,7 +176,30 @@ class LazyBuffer:
             return self
         if self.size == 0:  # a reduction of nothing is the op's identity
             return self.const(0 if op is ReduceOps.SUM else dtypes.min(self.dtype), new_shape)
+        if (split := self._split_reduce(op, new_shape)) is not None:
+            return split
         return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
+
+    def _split_reduce(self, op: ReduceOps, new_shape: tuple[sint, ...]) -> Optional[LazyBuffer]:
+        """A reduce of everything into one value, in two stages. The n elements are viewed as (parts, n / (parts *
+        lanes), lanes): the first kernel reduces the middle axis, each of its parts.lanes outputs a stream over
+        a contiguous block (parts spread over the cores, lanes fill the vector registers); the second reduces
+        those partial results. A single reduce would be one dependent chain on one core. The split depends on
+        n alone, so the order of float additions is the same on every device."""
+        n = self.size
+        if not isinstance(n, int) or n < SPLIT_REDUCE_MIN or any(s != 1 for s in new_shape):
+            return None
+        flat = self.reshape((n,))
+        lanes = next((c for c in (64, 32, 16, 8) if n % c == 0), None)
+        parts = next((p for p in (64, 32, 16, 8) if (n // lanes) % p == 0), None) if lanes is not None else None
+        if parts is None or lanes is None:
+            if op is not ReduceOps.SUM:
+                return None
+            lanes, parts = 64, 64  # a sum is padded with zeros (its identity) to a whole number of blocks
+            padded = -(-n // (lanes * parts)) * lanes * parts
+            flat, n = flat.pad(((0, padded - n),)), padded
+        part = flat.reshape((parts, n // (parts * lanes), lanes)).r(op, (1,))
+        return part.reshape((part.size,)).r(op, (0,)).reshape(new_shape)
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""
@@ -226,6 +249,11 @@ class LazyBuffer:
 
     def stride(self, arg: tuple[int, ...]) -> LazyBuffer:
         return self._view(self.st.stride(arg))
+
+
+# a reduce of everything over at least this many elements runs in two stages (see LazyBuffer._split_reduce); the
+# first stage has at most 64 x 64 outputs, so the second is always smaller
+SPLIT_REDUCE_MIN = 1 << 15
 
 
 def _np_type(dt: DType) -> type:

@@ -217,3 +217,31 @@ def test_broadcast_operand_of_a_reduce_is_realized_once() -> None:
     got, n = kernels((a + 1).relu()[:, :1] * w[:1, :])
     assert n == 1
     np.testing.assert_allclose(got, np.maximum(a_np + 1, 0)[:, :1] * w_np[:1, :], rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1 << 15, 33333, 40000])
+def test_big_full_reduce_runs_in_two_stages(n: int) -> None:
+    # a reduce of everything is split (parallel partial results, then their reduce); sizes that no block divides
+    # are padded with zeros for a sum, and a max keeps NaN and the exact extreme
+    a_np = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    a = Tensor(a_np)
+    got, k = kernels(a.sum())
+    assert k == 2
+    assert abs(float(got) - a_np.astype(np.float64).sum()) <= 1e-6 * np.abs(a_np).sum()
+    got, _ = kernels((a.exp() - 1).sum())  # exp(0) - 1 is 0, but exp is not pad-safe: still exact padding
+    ref = (np.exp(a_np.astype(np.float64)) - 1).sum()
+    assert abs(float(got) - ref) <= 1e-6 * np.abs(np.exp(a_np.astype(np.float64)) - 1).sum()
+    assert a.max().numpy() == a_np.max() and a.min().numpy() == a_np.min()
+    with_nan = a_np.copy()
+    with_nan[n // 3] = np.nan
+    assert np.isnan(Tensor(with_nan).max().numpy())
+    ints = np.random.default_rng(1).integers(-(2**31), 2**31 - 1, n, dtype=np.int64).astype(np.int32)
+    assert Tensor(ints).sum().numpy() == ints.sum(dtype=np.int32)  # wraps like numpy's int32 sum (exact)
+
+
+def test_partial_reduces_and_small_reduces_are_not_split() -> None:
+    a_np = data(4, 1 << 14)
+    a = Tensor(a_np)
+    for out in (a.sum(axis=1), Tensor(data(1000)).sum()):
+        assert store_items(out) == 1
+    np.testing.assert_allclose(a.sum(axis=1).numpy(), a_np.sum(axis=1), rtol=1e-4, atol=1e-3)
