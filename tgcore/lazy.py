@@ -178,6 +178,8 @@ class LazyBuffer:
             return self.const(0 if op is ReduceOps.SUM else dtypes.min(self.dtype), new_shape)
         if (split := self._split_reduce(op, new_shape)) is not None:
             return split
+        if (split := self._split_row_reduce(op, axis)) is not None:
+            return split
         return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
 
     def _split_reduce(self, op: ReduceOps, new_shape: tuple[sint, ...]) -> Optional[LazyBuffer]:
@@ -200,6 +202,30 @@ class LazyBuffer:
             flat, n = flat.pad(((0, padded - n),)), padded
         part = flat.reshape((parts, n // (parts * lanes), lanes)).r(op, (1,))
         return part.reshape((part.size,)).r(op, (0,)).reshape(new_shape)
+
+    def _split_row_reduce(self, op: ReduceOps, axis: tuple[int, ...]) -> Optional[LazyBuffer]:
+        """A reduce over a long last axis (n >= SPLIT_ROW_MIN), in two stages: viewed as (..., n / 64, 64), the
+        first kernel reduces the middle axis (each row streams through 64 partial results that fill the vector
+        registers), the second reduces the 64. One reduce would run each row as one dependent chain. Not for a
+        contraction (a reduce over broadcast operands: matmul, conv), which the kernel optimizer tiles instead."""
+        last = len(self.shape) - 1
+        n = self.shape[last] if self.shape else 0
+        if axis != (last,) or not isinstance(n, int) or not isinstance(self.size, int) or self.size == n:
+            return None  # (a single row is a reduce of everything: _split_reduce's, when it is big)
+        if n < SPLIT_ROW_MIN or n % 64 != 0 or self._is_contraction():
+            return None
+        part = self.reshape((*self.shape[:last], n // 64, 64)).r(op, (last,))
+        return part.reshape((*self.shape[:last], 64)).r(op, (last,))
+
+    def _is_contraction(self) -> bool:
+        base = self.base
+        if base.realized is not None or not isinstance(base.op, (UnaryOps, BinaryOps, TernaryOps)):
+            return False
+        for src in base.srcs:
+            v = src.st.views[-1]
+            if any(stride == 0 and size != 1 for size, stride in zip(v.shape, v.strides)):
+                return True
+        return False
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""
@@ -254,6 +280,8 @@ class LazyBuffer:
 # a reduce of everything over at least this many elements runs in two stages (see LazyBuffer._split_reduce); the
 # first stage has at most 64 x 64 outputs, so the second is always smaller
 SPLIT_REDUCE_MIN = 1 << 15
+# a reduce over the last axis alone runs in two stages from this length on (see LazyBuffer._split_row_reduce)
+SPLIT_ROW_MIN = 2048
 
 
 def _np_type(dt: DType) -> type:

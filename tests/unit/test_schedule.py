@@ -239,9 +239,15 @@ def test_big_full_reduce_runs_in_two_stages(n: int) -> None:
     assert Tensor(ints).sum().numpy() == ints.sum(dtype=np.int32)  # wraps like numpy's int32 sum (exact)
 
 
-def test_partial_reduces_and_small_reduces_are_not_split() -> None:
+def test_long_rows_are_reduced_in_two_stages_but_contractions_are_not() -> None:
     a_np = data(4, 1 << 14)
     a = Tensor(a_np)
-    for out in (a.sum(axis=1), Tensor(data(1000)).sum()):
-        assert store_items(out) == 1
+    assert store_items(a.sum(axis=1)) == 2  # a long last axis: 64 partial results per row, then their sum
     np.testing.assert_allclose(a.sum(axis=1).numpy(), a_np.sum(axis=1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(a.max(axis=1).numpy(), a_np.max(axis=1))
+    for out in (a.sum(axis=0), Tensor(data(1000)).sum(), a[:, :2000].sum(axis=1)):
+        assert store_items(out) == 1  # not the last axis alone, too short, or not a multiple of 64
+    x_np, w_np = data(3, 4096), data(4096, 2, seed=1)
+    mm = Tensor(x_np) @ Tensor(w_np)  # a reduce over broadcast operands stays one (tiled) kernel
+    assert store_items(mm) == 1
+    np.testing.assert_allclose(mm.numpy(), x_np @ w_np, rtol=1e-4, atol=1e-3)

@@ -38,6 +38,11 @@ class CStyleLanguage(Renderer):
     # spell an access at index `x + c` (c a constant) as `(buf+x)[c]`: the constant becomes part of the address
     # instead of int arithmetic, which a compiler told that ints wrap (-fwrapv) cannot fold into the address
     pointer_offsets: bool = False
+    # the C type of index math (loop variables, launched indices and the int32 ALU ops that only compute
+    # addresses and gates), None to keep int. Indices never overflow int32 (buffers are smaller), but a compiler
+    # told that ints wrap (-fwrapv) must redo int index math each iteration: in a 64-bit type it strength-reduces
+    # it to pointer increments
+    index_type: Optional[str] = None
     # vector uops (codegen/uops.py): the dtype.vec(n) types are GCC/clang vector extension types, declared at the
     # top of the kernel by render_vector_type; a vector load or store reads n consecutive, possibly unaligned elements
     vector_uops: bool = False
@@ -186,6 +191,11 @@ class CStyleLanguage(Renderer):
         def emit(line: str) -> None:
             kernel.append("  " * depth + line)
 
+        index = _index_math(uops) if self.index_type is not None else set()
+
+        def int_t(u: UOp) -> str:
+            return self.index_type if id(u) in index else "int"  # type: ignore[return-value]
+
         for u in uops:
             s = [names.get(id(x), "") for x in u.src]
             dt = u.dtype
@@ -205,10 +215,10 @@ class CStyleLanguage(Renderer):
                 names[id(u)] = self.render_const(u.arg, dt)
             elif u.op is UOps.SPECIAL:
                 names[id(u)] = u.arg[1]
-                emit(f"int {u.arg[1]} = {self.code_for_workitem[u.arg[1][0]](u.arg[0])}; /* {u.arg[2]} */")
+                emit(f"{int_t(u)} {u.arg[1]} = {self.code_for_workitem[u.arg[1][0]](u.arg[0])}; /* {u.arg[2]} */")
             elif u.op is UOps.RANGE:
                 n = names[id(u)] = fresh("ridx" if u.arg[1] else "gidx")
-                emit(f"for (int {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
+                emit(f"for ({int_t(u)} {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
                 depth += 1
             elif u.op in (UOps.ENDRANGE, UOps.ENDIF):
                 depth -= 1
@@ -247,7 +257,8 @@ class CStyleLanguage(Renderer):
                 src_dt = u.src[-1].dtype if u.arg is TernaryOps.WHERE else u.src[0].dtype
                 assert src_dt is not None
                 n = names[id(u)] = fresh("alu")
-                emit(f"{self.render_dtype(dt)} {n} = {self.render_alu(u.arg, s, dt, src_dt)};")
+                t = int_t(u) if id(u) in index else self.render_dtype(dt)
+                emit(f"{t} {n} = {self.render_alu(u.arg, s, dt, src_dt)};")
             elif u.op is UOps.CAST:
                 assert dt is not None
                 n = names[id(u)] = fresh("cast")
@@ -281,3 +292,33 @@ _UNSIGNED_OF: dict[DType, DType] = {
     dtypes.int32: dtypes.uint32,
     dtypes.int64: dtypes.uint64,
 }
+
+
+def _index_math(uops: list[UOp]) -> set[int]:
+    """ids of the int32 uops (ALU, RANGE, SPECIAL) that only feed load/store indices and gates, never a value."""
+    found: dict[int, UOp] = {}
+    seen: set[int] = set()
+    stack = [
+        x for u in uops if u.op in (UOps.LOAD, UOps.STORE) for x in (u.src[1], *u.src[3 if u.op is UOps.STORE else 2 :])
+    ]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op in (UOps.ALU, UOps.RANGE, UOps.SPECIAL):
+            if x.dtype == dtypes.int32:
+                found[id(x)] = x
+            stack.extend(x.src)
+    # a uop that a value also reads keeps its own type
+    for u in uops:
+        if (id(u) in seen and u.op is not UOps.LOAD and u.op is not UOps.STORE) or u.op is UOps.ENDRANGE:
+            continue
+        srcs = u.src
+        if u.op is UOps.LOAD:
+            srcs = srcs[3:4]  # the alternative value of a gated load
+        elif u.op is UOps.STORE:
+            srcs = srcs[2:3]  # the value stored
+        for x in srcs:
+            found.pop(id(x), None)
+    return set(found)

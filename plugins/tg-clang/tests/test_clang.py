@@ -119,3 +119,20 @@ def test_shard_across_clang_instances_matches_unsharded():
     out = (x @ Tensor(w, device="CLANG").shard(("CLANG", "CLANG:1"))).relu().sum(axis=1)
     assert out.device == ("CLANG", "CLANG:1")
     np.testing.assert_allclose(out.numpy(), np.maximum(a @ w, 0).sum(axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_index_math_is_64_bit_and_value_math_stays_int32():
+    # loop variables and address arithmetic are `long` (fast with -fwrapv); an int32 value computed in the same
+    # kernel still wraps at 32 bits, also when it reads the same shape numbers as the index math
+    from tgcore.engine.realize import get_kernel
+
+    big = np.random.default_rng(0).integers(-(2**31), 2**31, (96, 96), dtype=np.int64).astype(np.int32)
+    big[0, :2] = [2**31 - 1, -(2**31)]
+    t = Tensor(big, device="CLANG")
+    out = (t * 65536 + t.T).sum(axis=1)
+    with np.errstate(over="ignore"):
+        ref = (big * np.int32(65536) + big.T).sum(axis=1, dtype=np.int32)
+    ast = out.schedule()[-1].ast
+    np.testing.assert_array_equal(out.numpy(), ref)
+    src = get_kernel(Device["CLANG"].renderer, ast, "CLANG").to_program().src
+    assert "for (long " in src and "int alu" in src and "int val" in src

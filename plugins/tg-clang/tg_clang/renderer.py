@@ -45,6 +45,7 @@ class ClangRenderer(CStyleLanguage):
     vector_uops = True
     threads = True  # the core splits a big kernel's outermost loop across the host's cores
     pointer_offsets = True  # the kernels are built with -fwrapv
+    index_type = "long"  # 64-bit index math: with -fwrapv, int index math cannot become pointer increments
     infinity = "__builtin_inff()"
     nan = '__builtin_nanf("")'
 
