@@ -86,7 +86,7 @@ class TinyJit(Generic[ReturnType]):
         return functools.partial(self.__call__, obj) if obj is not None else self
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
-        if self.cnt == 2 and JIT and (fast := _realized_inputs(args, kwargs)) is not None:
+        if self.cnt == 2 and JIT.value and (fast := _realized_inputs(args, kwargs)) is not None:
             return self._replay_buffers(*fast)
         args = tuple(_plain(a) for a in args)
         kwargs = {k: _plain(v) for k, v in kwargs.items()}
@@ -134,14 +134,16 @@ class TinyJit(Generic[ReturnType]):
 
     def _replay_buffers(self, lbs: list[Any], var_vals: dict[Variable, int]) -> ReturnType:
         """The replay of plain realized inputs: launch the recorded programs directly, without the lazy graph."""
-        if len(lbs) != len(self.exact_signature) or any(
-            (lb.shape, lb.dtype, lb.device) != sig for lb, sig in zip(lbs, self.exact_signature)
-        ):
-            return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # symbolic shapes, or a wrong call
+        signature = self.exact_signature
+        if len(lbs) != len(signature):
+            return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # a wrong call: _replay says why
+        for lb, (shape, dtype, device) in zip(lbs, signature):
+            if lb.shape != shape or lb.dtype != dtype or lb.device != device:
+                return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # symbolic shapes, or a wrong call
         cache = self.jit_cache
         for (j, k), i in zip(self.input_slots, self.input_index):
             cache[j].bufs[k] = lbs[i].realized
-        if DEBUG >= 2:
+        if DEBUG.value >= 2:
             for ei in cache:
                 ei.run(var_vals)
             return self.ret
@@ -178,16 +180,15 @@ def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[
     lbs: list[Any] = []
     var_vals: dict[Variable, int] = {}
     for v in (*args, *kwargs.values()) if kwargs else args:
-        if isinstance(v, Variable):
+        if (lb := getattr(v, "lazydata", None)) is not None and hasattr(v, "realize"):  # a tensor
+            if getattr(lb, "_base", True) is not None or lb.realized is None:
+                return None
+            lbs.append(lb)
+        elif isinstance(v, Variable):
             if v.val is None:
                 return None
             var, val = v.unbind()
             var_vals[var] = val
-        elif _is_tensor(v):
-            lb = v.lazydata
-            if getattr(lb, "_base", True) is not None or lb.realized is None:
-                return None
-            lbs.append(lb)
     return lbs, var_vals
 
 

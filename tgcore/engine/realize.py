@@ -43,6 +43,8 @@ class CompiledRunner(Runner):
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
         p = self.p
+        if not p.variables and p.thread_extent is None and p.global_size is None:  # the common CPU launch
+            return self.clprg(*[b._opaque for b in bufs], wait=wait)
         vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
         if p.thread_extent is not None:
             return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait)
