@@ -20,6 +20,7 @@ from tgcore.lazy import LazyBuffer
 from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, Variable
+from tgcore.shape.view import _plain_ints
 
 # elementwise ops with f(0, ..., 0) == 0: safe to compute on the zeros a pad's mask reads
 _PAD_SAFE = {
@@ -242,11 +243,6 @@ _Template = list[tuple[LazyOp, int, tuple[tuple[bool, int], ...]]]
 _schedule_cache: dict[tuple[Any, ...], _Template] = {}
 
 
-def _arg_key(arg: Any) -> Any:
-    # floats by their bits (0.0 and -0.0 differ, a NaN equals itself); True and 1 differ by type
-    return (float, arg.hex()) if isinstance(arg, float) else (type(arg), arg)
-
-
 def _graph_key(
     bases: list[LazyBuffer],
 ) -> Optional[tuple[tuple[Any, ...], list[LazyBuffer], list[LazyBuffer]]]:
@@ -257,6 +253,8 @@ def _graph_key(
     nodes: dict[LazyBuffer, int] = {}
     leaves: dict[LazyBuffer, int] = {}
     parts: list[Any] = []
+    # an iterative post-order walk (graphs can be deeper than Python's recursion limit); this runs for every
+    # realize, so it is written for speed: `x._base or x` is `x.base` without the property call
     stack: list[tuple[LazyBuffer, bool]] = [(b, False) for b in reversed(bases)]
     while stack:
         b, expanded = stack.pop()
@@ -264,23 +262,28 @@ def _graph_key(
             continue
         if not expanded:
             stack.append((b, True))
-            stack.extend((s.base, False) for s in reversed(b.srcs) if s.base.realized is None and s.base not in nodes)
+            for s in reversed(b.srcs):
+                sb = s._base or s
+                if sb.realized is None and sb not in nodes:
+                    stack.append((sb, False))
             continue
-        if not (isinstance(b.op, _CACHEABLE) or b.op in (LoadOps.CONST, LoadOps.CONTIGUOUS)):
+        op, arg = b.op, b.arg
+        if not (isinstance(op, _CACHEABLE) or op is LoadOps.CONST or op is LoadOps.CONTIGUOUS):
             return None
-        if isinstance(b.arg, Node) or not all(isinstance(x, int) for x in b.shape):
+        if isinstance(arg, Node) or not _plain_ints(b.shape):
             return None
         srcs = []
         for s in b.srcs:
-            sb = s.base
-            ref: tuple[Any, ...]
+            sb = s._base or s
+            st = s.st if s is not sb else None
             if sb.realized is not None:
-                ref = (False, leaves.setdefault(sb, len(leaves)), sb.dtype, sb.device, sb.shape)
+                srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype, sb.device, sb.shape, st))
             else:
-                ref = (True, nodes[sb], None, None, None)
-            srcs.append((*ref, s.st if s is not sb else None))
+                srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
-        parts.append((b.op, _arg_key(b.arg), b.dtype, b.device, b.shape, b.forced_realize, tuple(srcs)))
+        # floats by their bits (0.0 and -0.0 differ, a NaN equals itself); True and 1 differ by type
+        arg_key = (float, arg.hex()) if type(arg) is float else (type(arg), arg)
+        parts.append((op, arg_key, b.dtype, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
