@@ -452,7 +452,8 @@ class Kernel:
         if vw <= 1:
             return
         alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
-        if getattr(self.opts, "vector_uops", False) and any(x.op not in _ELEMENTWISE_LANES_OK for x in alu):
+        lanes_ok = (*_ELEMENTWISE_LANES_OK, *getattr(self.opts, "vector_math", ()))
+        if getattr(self.opts, "vector_uops", False) and any(x.op not in lanes_ok for x in alu):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
         contiguous = [a for a in globals_ if self._stride(out, a) == 1]

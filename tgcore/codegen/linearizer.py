@@ -33,6 +33,7 @@ class Linearizer:
 
     def __init__(self, k: Kernel) -> None:
         self.k = k
+        self.vector_math = tuple(getattr(k.opts, "vector_math", ()))
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
         self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]
@@ -364,7 +365,7 @@ class Linearizer:
         for group in zip(*srcs):
             src_dts = [dtype_of(s) for s in op.src]
             if (
-                op.op in VECTOR_ALU
+                (op.op in VECTOR_ALU or op.op in self.vector_math)
                 and self._vectorizable(dt)
                 and all(d == dt for d in src_dts)
                 and any(not isinstance(v, tuple) for v in group)

@@ -29,6 +29,9 @@ class Renderer:
     # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",
     # bound that loop; the core calls it once per thread with the vals of its part of range(n)
     threads: bool = False
+    # vector uops only (codegen/uops.py): ALU ops besides VECTOR_ALU that this renderer computes on whole vectors
+    # (e.g. EXP2 in a vectorized math routine); the optimizer upcasts elementwise kernels that use them
+    vector_math: tuple[Any, ...] = ()
 
     def render(self, name: str, uops: list[UOp]) -> str:
         raise NotImplementedError(f"{type(self).__name__} does not implement render")
