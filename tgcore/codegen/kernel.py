@@ -34,7 +34,7 @@ MAX_UPCAST = 256
 # an elementwise kernel is upcast (vector lanes) when all its ops are vector ops, or SQRT: one instruction per
 # lane (an optimizer's update is loads, divisions and a square root)
 _ELEMENTWISE_LANES_OK = (*VECTOR_ALU, UnaryOps.SQRT)
-MAX_LANES = 512
+MAX_LANES = 1024
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
 MAX_GROUP = 128  # work items in a workgroup the heuristics make
