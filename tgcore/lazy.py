@@ -18,7 +18,7 @@ from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, 
 from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
-from tgcore.shape.view import View
+from tgcore.shape.view import View, _plain_ints
 
 
 class LazyBuffer:
@@ -39,7 +39,9 @@ class LazyBuffer:
         self.size = st.size
         self._base = base
         if base is None:
-            if dtype.scalar() not in _device_dtypes(device):
+            if (claimed := _DEVICE_DTYPES.get(device)) is None:
+                claimed = _DEVICE_DTYPES[device] = _device_dtypes(device)
+            if dtype.scalar() not in claimed:
                 supported = ", ".join(d.short_name for d in sorted(_device_dtypes(device)))
                 raise TypeError(
                     f"device {device} does not support {dtype}; it supports {supported}: "
@@ -48,11 +50,21 @@ class LazyBuffer:
             self.op, self.arg, self.srcs = op, arg, srcs
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
-            # an ASSIGN writes into the buffer of its target
-            self.buffer = srcs[1].base.buffer if op is LoadOps.ASSIGN else Buffer(device, _max_size(self.size), dtype)
+            # an ASSIGN writes into the buffer of its target; a CONST gets its Buffer only if asked (__getattr__):
+            # most constants are folded into the kernels that read them and never need one
+            if op is LoadOps.ASSIGN:
+                self.buffer = srcs[1].base.buffer
+            elif op is not LoadOps.CONST:
+                self.buffer = Buffer(device, _max_size(self.size), dtype)
         else:
             if base.base is not base:
                 raise ValueError("a view's base must be a base LazyBuffer")
+
+    def __getattr__(self, name: str) -> Any:  # only called for attributes not set: the Buffer of a CONST base
+        if name == "buffer" and self.__dict__.get("_base", 0) is None and self.__dict__.get("op") is LoadOps.CONST:
+            self.buffer = Buffer(self.device, _max_size(self.size), self.dtype)
+            return self.buffer
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         if self._base is not None:
@@ -99,7 +111,13 @@ class LazyBuffer:
         base = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
         if not shape:
             return base
-        st = ShapeTracker((View.create(shape, (0,) * len(shape)),))  # the broadcast, built in one step
+        st = _BROADCAST_ST.get(shape) if _plain_ints(shape) else None
+        if st is None:
+            st = ShapeTracker((View.create(shape, (0,) * len(shape)),))  # the broadcast, built in one step
+            if _plain_ints(shape):
+                if len(_BROADCAST_ST) >= 4096:
+                    _BROADCAST_ST.clear()
+                _BROADCAST_ST[tuple(shape)] = st
         if st.size == 0:
             return base.reshape((1,) * len(shape)).expand(shape)
         return LazyBuffer(self.device, st, self.dtype, base=base)
@@ -299,7 +317,11 @@ def _device_dtypes(device: str) -> frozenset[DType]:
     return frozenset(Device[device].spec.dtypes)
 
 
+_DEVICE_DTYPES: dict[str, frozenset[DType]] = {}  # _device_dtypes without the call, for LazyBuffer.__init__
+# the ShapeTracker of a constant broadcast to a shape (int shapes only: a bound Variable equals its unbound self)
+_BROADCAST_ST: dict[tuple[int, ...], ShapeTracker] = {}
 plugins.on_change.append(_device_dtypes.cache_clear)
+plugins.on_change.append(_DEVICE_DTYPES.clear)
 
 
 def _max_size(size: sint) -> int:

@@ -16,7 +16,14 @@ import numpy as np
 from tgcore.dtype import ConstType, DType, bf16_round, dtypes
 
 
-class UnaryOps(Enum):
+class _OpEnum(Enum):
+    """An op enum. Members are singletons compared by identity, so they hash by identity too: object's C hash
+    instead of Enum's Python one (ops are hashed in every schedule-cache key and kernel cache lookup)."""
+
+    __hash__ = object.__hash__
+
+
+class UnaryOps(_OpEnum):
     """Elementwise ops of one operand. CAST and BITCAST take the target dtype from the node."""
 
     EXP2 = auto()
@@ -28,7 +35,7 @@ class UnaryOps(Enum):
     NEG = auto()
 
 
-class BinaryOps(Enum):
+class BinaryOps(_OpEnum):
     """Elementwise ops of two operands. CMPLT and CMPEQ return bool."""
 
     ADD = auto()
@@ -46,21 +53,21 @@ class BinaryOps(Enum):
     SHR = auto()
 
 
-class TernaryOps(Enum):
+class TernaryOps(_OpEnum):
     """WHERE(cond, a, b) selects; MULACC(a, b, c) is a*b+c."""
 
     WHERE = auto()
     MULACC = auto()
 
 
-class ReduceOps(Enum):
+class ReduceOps(_OpEnum):
     """Reductions over axes."""
 
     SUM = auto()
     MAX = auto()
 
 
-class BufferOps(Enum):
+class BufferOps(_OpEnum):
     """Leaves and roots of a kernel AST: read a buffer, a constant, write a buffer."""
 
     LOAD = auto()
@@ -68,7 +75,7 @@ class BufferOps(Enum):
     STORE = auto()
 
 
-class LoadOps(Enum):
+class LoadOps(_OpEnum):
     """Graph ops that are not computed by a generated kernel (or that mark kernel boundaries)."""
 
     EMPTY = auto()

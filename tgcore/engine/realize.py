@@ -190,15 +190,18 @@ class ExecItem:
 
     def run(self, var_vals: Optional[dict[Variable, int]] = None, wait: bool = False) -> Optional[float]:
         for b in self.bufs:
-            b.allocate()
-        et = self.prg(self.bufs, var_vals or {}, wait=wait or DEBUG >= 2)
-        if isinstance(self.prg, CompiledRunner):
+            if b._opaque is None:
+                b.allocate()
+        debug = DEBUG.value
+        prg = self.prg
+        et = prg(self.bufs, var_vals or {}, wait=wait or debug >= 2)
+        if isinstance(prg, CompiledRunner):
             GlobalCounters.kernel_count += 1
-            GlobalCounters.global_ops += self.prg.op_estimate
-            GlobalCounters.global_mem += self.prg.mem_estimate
+            GlobalCounters.global_ops += prg.op_estimate
+            GlobalCounters.global_mem += prg.mem_estimate
         if et is not None:
             GlobalCounters.time_sum_s += et
-        if DEBUG >= 2:
+        if debug >= 2:
             t = f"{et * 1e6:9.2f} us" if et is not None else " " * 12
             print(
                 f"{colored(f'*** {self.bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "

@@ -254,7 +254,8 @@ def _graph_key(
     leaves: dict[LazyBuffer, int] = {}
     parts: list[Any] = []
     # an iterative post-order walk (graphs can be deeper than Python's recursion limit); this runs for every
-    # realize, so it is written for speed: `x._base or x` is `x.base` without the property call
+    # realize, so it is written for speed: `x._base or x` is `x.base` without the property call, and a dtype is
+    # keyed by its name (unique among the scalar dtypes a LazyBuffer holds; a str hashes without a Python call)
     stack: list[tuple[LazyBuffer, bool]] = [(b, False) for b in reversed(bases)]
     while stack:
         b, expanded = stack.pop()
@@ -277,13 +278,13 @@ def _graph_key(
             sb = s._base or s
             st = s.st if s is not sb else None
             if sb.realized is not None:
-                srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype, sb.device, sb.shape, st))
+                srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype.name, sb.device, sb.shape, st))
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
         # floats by their bits (0.0 and -0.0 differ, a NaN equals itself); True and 1 differ by type
         arg_key = (float, arg.hex()) if type(arg) is float else (type(arg), arg)
-        parts.append((op, arg_key, b.dtype, b.device, b.shape, b.forced_realize, tuple(srcs)))
+        parts.append((op, arg_key, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
