@@ -239,11 +239,7 @@ class LazyBuffer:
         base = self.base
         if base.realized is not None or not isinstance(base.op, (UnaryOps, BinaryOps, TernaryOps)):
             return False
-        for src in base.srcs:
-            v = src.st.views[-1]
-            if any(stride == 0 and size != 1 for size, stride in zip(v.shape, v.strides)):
-                return True
-        return False
+        return any(src.st.broadcasts() for src in base.srcs)
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""

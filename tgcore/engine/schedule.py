@@ -62,8 +62,7 @@ class ScheduleItem:
 def _broadcasts(st: ShapeTracker, base_size: Any) -> bool:
     """Whether reading through `st` visits some element more than once: a stride-0 axis of size > 1, or more
     elements read than the base holds."""
-    v = st.views[-1]
-    if any(stride == 0 and size != 1 for size, stride in zip(v.shape, v.strides)):
+    if st.broadcasts():
         return True
     return isinstance(st.size, int) and isinstance(base_size, int) and st.size > base_size
 

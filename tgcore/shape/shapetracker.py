@@ -123,6 +123,11 @@ class ShapeTracker:
             object.__setattr__(self, "_size", _prod(self.shape))
         return d["_size"]
 
+    def broadcasts(self) -> bool:
+        """Whether the last view reads some element more than once: a stride-0 axis of size > 1 (an expand)."""
+        v = self.views[-1]
+        return any(stride == 0 and size != 1 for size, stride in zip(v.shape, v.strides))
+
     @property
     def contiguous(self) -> bool:
         return len(self.views) == 1 and self.views[0].contiguous
