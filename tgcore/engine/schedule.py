@@ -56,7 +56,7 @@ class ScheduleItem:
 
     @property
     def bufs(self) -> tuple[Any, ...]:
-        return tuple(x.buffer for x in self.outputs) + tuple(x.base.buffer for x in self.inputs)
+        return tuple([x.buffer for x in self.outputs] + [x.base.buffer for x in self.inputs])
 
 
 def _broadcasts(st: ShapeTracker, base_size: Any) -> bool:
@@ -216,7 +216,10 @@ class _KernelBuilder:
 
 def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     """The ordered kernels that realize `outs`, and the values of the symbolic variables they use."""
-    bases = list(dict.fromkeys(x.base for x in outs if x.base.realized is None))
+    if len(outs) == 1:  # the common case, without the dedup
+        bases = [outs[0].base] if outs[0].base.realized is None else []
+    else:
+        bases = list(dict.fromkeys(x.base for x in outs if x.base.realized is None))
     if not bases:
         return [], {}
     graph_key = _graph_key(bases)
