@@ -22,14 +22,25 @@ def llvm() -> Any:
     return binding
 
 
+@functools.lru_cache(maxsize=None)
+def host_cpu() -> tuple[Any, str, str]:
+    """This process's target, CPU name and CPU feature string (asked of LLVM once: the features take ~0.3 ms)."""
+    binding = llvm()
+    target = binding.Target.from_triple(binding.get_process_triple())
+    return target, binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten()
+
+
 def host_target_machine(opt: int) -> Any:
     """A new target machine for this CPU and its features; jit=True picks a code model MCJIT can load anywhere.
     (Not shared: an MCJIT engine takes ownership of the target machine it is given.)"""
-    binding = llvm()
-    target = binding.Target.from_triple(binding.get_process_triple())
-    return target.create_target_machine(
-        cpu=binding.get_host_cpu_name(), features=binding.get_host_cpu_features().flatten(), opt=opt, jit=True
-    )
+    target, cpu, features = host_cpu()
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt, jit=True)
+
+
+def unique_symbol(name: str, src: str) -> str:
+    """The exported name of kernel `name` compiled from `src`: the name and a digest of the source, so that
+    objects of different kernels with the same name can share one MCJIT engine (see runtime.py)."""
+    return f"{name}.{hashlib.sha256(src.encode()).hexdigest()[:16]}"
 
 
 def default_opt_level() -> int:
@@ -41,7 +52,11 @@ def default_opt_level() -> int:
 
 
 class LLVMCompiler(Compiler):
-    """LLVM IR text -> object code (ELF, Mach-O or COFF: whatever this host's MCJIT loads)."""
+    """LLVM IR text -> object code (ELF, Mach-O or COFF: whatever this host's MCJIT loads).
+
+    In ELF objects each exported function is renamed to `unique_symbol(name, src)`; the runtime finds it in the
+    object's symbol table. Should this host's objects not be ELF, the first compile finds out and the compiler
+    keeps the names as rendered from then on (the runtime gives such objects an engine each)."""
 
     def __init__(self, opt: int | None = None) -> None:
         self.opt = default_opt_level() if opt is None else opt
@@ -49,11 +64,15 @@ class LLVMCompiler(Compiler):
             raise ValueError(f"LLVM optimization level {self.opt}: expected 0, 1, 2 or 3")
         binding = llvm()
         self.tm = host_target_machine(self.opt)  # this compiler's own, used only to emit code
-        features = hashlib.sha256(binding.get_host_cpu_features().flatten().encode()).hexdigest()[:12]
+        self.triple, self.data_layout = self.tm.triple, str(self.tm.target_data)
+        self.unique_names = True
+        _, cpu_name, cpu_features = host_cpu()
+        features = hashlib.sha256(cpu_features.encode()).hexdigest()[:12]
         version = "_".join(map(str, binding.llvm_version_info))
-        # object code depends on the LLVM version, the CPU and its features, and the optimization level
-        cpu = re.sub(r"\W", "_", binding.get_host_cpu_name())
-        self.cachekey = f"compile_llvm_{version}_{cpu}_{features}_O{self.opt}"
+        # object code depends on the LLVM version, the CPU and its features, and the optimization level ("u": the
+        # exported names carry a digest of the source, which objects cached before that did not)
+        cpu = re.sub(r"\W", "_", cpu_name)
+        self.cachekey = f"compile_llvm_{version}_{cpu}_{features}_u_O{self.opt}"
 
     def compile(self, src: str) -> bytes:
         binding = llvm()
@@ -66,11 +85,19 @@ class LLVMCompiler(Compiler):
             mod.verify()
         except RuntimeError as e:
             raise CompileError("LLVM rejected the kernel's IR", log=str(e), src=src) from e
-        mod.triple = self.tm.triple
-        mod.data_layout = str(self.tm.target_data)
+        mod.triple, mod.data_layout = self.triple, self.data_layout
+        renamed = self.unique_names
+        if renamed:
+            for fn in mod.functions:
+                if not fn.is_declaration and fn.linkage == binding.Linkage.external:
+                    fn.name = unique_symbol(fn.name, src)
         if self.opt > 0:
             tuning = binding.create_pipeline_tuning_options(speed_level=self.opt)
             tuning.loop_vectorization = tuning.slp_vectorization = self.opt >= 2
             builder = binding.create_pass_builder(self.tm, tuning)
             builder.getModulePassManager().run(mod, builder)
-        return bytes(self.tm.emit_object(mod))
+        obj = bytes(self.tm.emit_object(mod))
+        if renamed and obj[:4] != b"\x7fELF":  # the runtime could not find the renamed function: keep the names
+            self.unique_names = False
+            return self.compile(src)
+        return obj

@@ -49,6 +49,8 @@ _FLOAT_INTRINSICS: dict[Op, str] = {
     UnaryOps.SIN: "sin",
     UnaryOps.SQRT: "sqrt",
 }
+# the intrinsics that become calls into the C library (exp2f, log2f, sinf and their double versions); frem is fmod
+_LIBRARY_CALLS = {"exp2", "log2", "sin"}
 _FLOAT_BINARY: dict[Op, str] = {
     BinaryOps.ADD: "fadd",
     BinaryOps.SUB: "fsub",
@@ -169,6 +171,8 @@ class _FunctionWriter:
         self.helpers: set[str] = set()
         self.counter = 0
         self.block = "entry"
+        self.library_calls = 0  # calls into the C library emitted so far (see ENDRANGE)
+        self.metadata: list[str] = []  # the module's metadata nodes, `!n = ...` in order
 
     # ***** emission *****
 
@@ -200,6 +204,7 @@ class _FunctionWriter:
         return self.values[id(u)]
 
     def intrinsic(self, fn: str, ty: str, *args: str) -> str:
+        self.library_calls += fn in _LIBRARY_CALLS
         suffix = {"float": "f32", "double": "f64"}[ty]
         self.declares.add(f"declare {ty} @llvm.{fn}.{suffix}({', '.join([ty] * len(args))})")
         return self.emit(f"call {ty} @llvm.{fn}.{suffix}({', '.join(f'{ty} {a}' for a in args)})")
@@ -344,6 +349,7 @@ class _FunctionWriter:
         if op is UnaryOps.NEG:
             return self.from_compute(self.emit(f"fneg {ty} {xs[0]}"), dt)
         if op in _FLOAT_BINARY:
+            self.library_calls += op is BinaryOps.MOD
             return self.from_compute(self.emit(f"{_FLOAT_BINARY[op]} {ty} {xs[0]}, {xs[1]}"), dt)
         if op is BinaryOps.CMPLT:
             return self.emit(f"fcmp olt {ty} {xs[0]}, {xs[1]}")
@@ -406,11 +412,22 @@ class _FunctionWriter:
         fill = self.emit(f"ashr {ty} {a}, {bits - 1}") if signed else "0"  # -1 for negative a, else 0
         return self.emit(f"select i1 {out_of_range}, {ty} {fill}, {ty} {shifted}")
 
+    def no_unroll(self) -> str:
+        """`, !llvm.loop !n` for a loop's back edge: LLVM's loop unroller leaves that loop as it is (the loop
+        vectorizer still widens it)."""
+        loop, disable = len(self.metadata), len(self.metadata) + 1
+        self.metadata += [
+            f"!{loop} = distinct !{{!{loop}, !{disable}}}",
+            f'!{disable} = !{{!"llvm.loop.unroll.disable"}}',
+        ]
+        return f", !llvm.loop !{loop}"
+
     # ***** the walk over the uops *****
 
     def render(self) -> str:
         n_vars = 0
-        loops: dict[int, tuple[str, str, int, str]] = {}  # id(RANGE) -> (header label, exit label, phi line, var)
+        # id(RANGE) -> (header label, exit label, phi line, var, library calls before the loop)
+        loops: dict[int, tuple[str, str, int, str, int]] = {}
         ifs: dict[int, str] = {}  # id(IF) -> the label after it
         for u in self.uops:
             dt = u.dtype
@@ -452,16 +469,18 @@ class _FunctionWriter:
                 self.label(header)
                 var = "%" + self.fresh("ridx")
                 self.body.append(f"  {var} = phi i32 [ {start}, %{before} ]")  # the back edge is added at ENDRANGE
-                loops[id(u)] = (header, exit_, len(self.body) - 1, var)
+                loops[id(u)] = (header, exit_, len(self.body) - 1, var, self.library_calls)
                 self.values[id(u)] = var
                 cond = self.emit(f"icmp slt i32 {var}, {end}")
                 self.line(f"br i1 {cond}, label %{body}, label %{exit_}")
                 self.label(body)
             elif u.op is UOps.ENDRANGE:
-                header, exit_, phi_line, var = loops[id(u.src[0])]
+                header, exit_, phi_line, var, calls_before = loops[id(u.src[0])]
                 step = self.emit(f"add nsw i32 {var}, 1")  # var < end <= INT_MAX: no overflow
                 self.body[phi_line] += f", [ {step}, %{self.block} ]"
-                self.line(f"br label %{header}")
+                # a loop that calls the C library is not unrolled: the calls cost the same either way (measured),
+                # and unrolled copies of them double the code LLVM has to generate
+                self.line(f"br label %{header}{self.no_unroll() if self.library_calls > calls_before else ''}")
                 self.label(exit_)
             elif u.op is UOps.IF:
                 then, after = self.fresh("then"), self.fresh("endif")
@@ -536,4 +555,6 @@ class _FunctionWriter:
         entry += [f"  call void @{body_name}({', '.join(args)})", "  ret void", "}"]
         helpers = [_HELPERS[h] for h in sorted(self.helpers)]
         parts = sorted(self.declares) + helpers + ["\n".join(body), "\n".join(entry)]
+        if self.metadata:
+            parts.append("\n".join(self.metadata))
         return "\n\n".join(parts) + "\n"
