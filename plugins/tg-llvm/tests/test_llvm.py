@@ -32,7 +32,7 @@ from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import Buffer, CompileError
 from tgcore.dtype import DType, PtrDType
-from tgcore.ops import BinaryOps, TernaryOps, exec_alu
+from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.plugin import ALL_DTYPES
 
 ALL = [dtypes.bool, *INTS, *FLOATS]
@@ -332,3 +332,57 @@ def test_bool_tensors():
     np.testing.assert_array_equal((ta & tb).numpy(), a & b)
     np.testing.assert_array_equal((ta | tb).numpy(), a | b)
     np.testing.assert_array_equal(ta.where(1.5, -2.0).numpy(), np.where(a, 1.5, -2.0).astype(np.float32))
+
+
+# ***** float32 exp2: the renderer's own routine *****
+
+
+def exp2_inputs() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    specials = [np.nan, np.inf, -np.inf, 128.0, 127.99999, -150.0, -149.0, -149.5, -126.5, 0.0, -0.0, 1e-30, 88.7]
+    x = np.concatenate(
+        [specials, rng.uniform(-160, 135, 40000), rng.uniform(-2, 2, 20000), rng.standard_normal(4000) * 1e-6]
+    ).astype(np.float32)
+    return np.resize(x, (len(x) // 64 + 1) * 64)  # a multiple of every vector width: all lanes run vectorized
+
+
+def exp2_op(x: np.ndarray, device: str) -> np.ndarray:
+    """The EXP2 op itself (Tensor.exp2 goes through exp(x * ln 2))."""
+    return Tensor(Tensor(x, device=device).lazydata.e(UnaryOps.EXP2)).numpy()
+
+
+def test_exp2_is_within_one_ulp_and_vector_lanes_match_scalar_bits():
+    from tgcore.helpers import Context
+
+    x = exp2_inputs()
+    got = exp2_op(x, "LLVM")
+    with np.errstate(over="ignore"):
+        ref = np.exp2(x.astype(np.float64)).astype(np.float32)
+    finite = np.isfinite(ref)
+    np.testing.assert_array_equal(got[~finite], ref[~finite])  # inf where it overflows, NaN for NaN
+    err = np.abs(got[finite].astype(np.float64) - ref[finite])
+    ulp = np.spacing(np.abs(ref[finite]))
+    assert np.all(err <= ulp), float(np.max(err / ulp))
+    assert got[1] == np.inf and got[2] == 0 and got[3] == np.inf and got[5] == 0 and got[6] == ref[6]
+    with Context(NOOPT=1):  # no upcasting by the optimizer: LLVM's vectorizer alone decides
+        scalar = exp2_op(x, "LLVM")
+    np.testing.assert_array_equal(scalar.view(np.uint32), got.view(np.uint32))
+
+
+def test_exp2_matches_clang_bit_for_bit():
+    # the same float32 operations in the same order as CLANG's routine (no FMA on either side)
+    clang_or_skip()
+    x = exp2_inputs()
+    llvm, clang = exp2_op(x, "LLVM"), exp2_op(x, "CLANG")
+    differ = np.flatnonzero(llvm.view(np.uint32) != clang.view(np.uint32))
+    assert len(differ) == 0, [(x[i], llvm[i], clang[i]) for i in differ[:5]]
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_half_and_bfloat16_exp2_round_the_float32_routine(dt):
+    x = np.linspace(-30.0, 20.0, 1001, dtype=np.float32)
+    src = Tensor(x, device="LLVM").cast(dt)
+    got = Tensor(src.lazydata.e(UnaryOps.EXP2)).cast(dtypes.float32)
+    wide = exp2_op(src.cast(dtypes.float32).numpy(), "LLVM")  # the float32 routine on the same inputs
+    want = Tensor(wide, device="LLVM").cast(dt).cast(dtypes.float32).numpy()
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), want.view(np.uint32))

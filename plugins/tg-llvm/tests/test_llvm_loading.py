@@ -140,7 +140,7 @@ def test_objects_that_are_not_elf_make_the_compiler_keep_the_names(monkeypatch: 
 
 def test_loops_that_call_the_c_library_are_not_unrolled():
     renderer = Device["LLVM"].renderer
-    calls = renderer.render("k", elementwise_uops(UnaryOps.EXP2, [dtypes.float32], dtypes.float32, N))
+    calls = renderer.render("k", elementwise_uops(UnaryOps.SIN, [dtypes.float32], dtypes.float32, N))
     fmod = renderer.render("k", elementwise_uops(BinaryOps.MOD, [dtypes.float32] * 2, dtypes.float32, N))
     plain = renderer.render("k", elementwise_uops(UnaryOps.SQRT, [dtypes.float32], dtypes.float32, N))
     assert "llvm.loop.unroll.disable" in calls and "!llvm.loop !0" in calls
@@ -149,4 +149,28 @@ def test_loops_that_call_the_c_library_are_not_unrolled():
     prg = LLVMProgram("LLVM", "k", LLVMCompiler().compile(calls))
     out, x = Buffer("LLVM", N, dtypes.float32).allocate(), to_buffer("LLVM", A, dtypes.float32).allocate()
     prg(out._opaque, x._opaque)
-    np.testing.assert_allclose(from_buffer(out), np.exp2(A), rtol=1e-6)
+    np.testing.assert_allclose(from_buffer(out), np.sin(A), rtol=1e-6, atol=1e-7)
+
+
+def test_float32_exp2_is_inline_arithmetic_and_its_loop_is_vectorized():
+    # float32 exp2 (and float16/bfloat16, computed in float32) is the renderer's own routine: no call, no branch,
+    # no unroll rule; float64 exp2 still calls the C library
+    renderer = Device["LLVM"].renderer
+    for dt in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+        src = renderer.render("k", elementwise_uops(UnaryOps.EXP2, [dt], dt, N))
+        assert "@llvm.exp2" not in src and "@tg_exp2f" in src and "llvm.loop" not in src, dt
+        assert "fmuladd" not in src and " fast " not in src and "contract" not in src
+    wide = renderer.render("k", elementwise_uops(UnaryOps.EXP2, [dtypes.float64], dtypes.float64, N))
+    assert "@llvm.exp2.f64" in wide and "@tg_exp2f" not in wide and "llvm.loop.unroll.disable" in wide
+    import llvmlite.binding as binding
+
+    compiler = LLVMCompiler()
+    src = renderer.render("k", elementwise_uops(UnaryOps.EXP2, [dtypes.float32], dtypes.float32, 4096))
+    mod = binding.parse_assembly(src)
+    mod.triple, mod.data_layout = compiler.triple, compiler.data_layout
+    tuning = binding.create_pipeline_tuning_options(speed_level=2)
+    tuning.loop_vectorization = tuning.slp_vectorization = True
+    builder = binding.create_pass_builder(compiler.tm, tuning)
+    builder.getModulePassManager().run(mod, builder)
+    optimized = str(mod)
+    assert "x float>" in optimized and "call float" not in optimized  # widened, and no call per element

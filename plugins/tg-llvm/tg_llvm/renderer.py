@@ -121,6 +121,69 @@ def _hex_double(v: float) -> str:
     return "0x%016X" % struct.unpack("<Q", struct.pack("<d", v))[0]
 
 
+def _float_literal(v: float) -> str:
+    """A float32 constant as LLVM writes it (the double with the same value)."""
+    return _hex_double(float(np.float32(v)))
+
+
+# float32 exp2 without a call: 2^x = 2^n * 2^f, n = x rounded to nearest even (adding and subtracting 1.5 * 2^23),
+# f = x - n in [-0.5, 0.5], 2^f a degree-6 polynomial (Horner, each product and sum rounded), and 2^n applied as two
+# powers of two built from exponent bits, so that a subnormal result rounds once. At most 1 ulp from the exact
+# value; the same float32 operations in the same order as CLANG's routine, so the two give the same bits.
+# NaN -> x + x, x >= 128 -> +inf, x < -150 -> +0, chosen with selects: no branch, so the loop vectorizer widens it.
+_EXP2_COEFFICIENTS = (
+    0.00015353360504377633,
+    0.0013398875016719103,
+    0.009618436917662621,
+    0.055503323674201965,
+    0.24022647738456726,
+    0.6931471824645996,
+    1.0,
+)
+
+
+def _exp2_helper() -> str:
+    c = [_float_literal(v) for v in _EXP2_COEFFICIENTS]
+    magic = _float_literal(12582912.0)
+    horner = [f"  %p0 = fmul float %f, {c[0]}", f"  %q0 = fadd float %p0, {c[1]}"]
+    for i, coefficient in enumerate(c[2:], start=1):
+        horner += [f"  %p{i} = fmul float %f, %q{i - 1}", f"  %q{i} = fadd float %p{i}, {coefficient}"]
+    last = f"%q{len(c) - 2}"
+    lines = [
+        "define internal float @tg_exp2f(float %x) alwaysinline nounwind {",
+        f"  %shifted = fadd float %x, {magic}",
+        f"  %n = fadd float %shifted, {_float_literal(-12582912.0)}",
+        "  %f = fsub float %x, %n",
+        *horner,
+        "  %ni = fptosi float %n to i32",
+        "  %n1 = ashr i32 %ni, 1",
+        "  %n2 = sub i32 %ni, %n1",
+        # (k + 127) << 23, the bits of 2^k, written as (k << 23) + (127 << 23): the form LLVM would rewrite it to
+        "  %e1 = shl i32 %n1, 23",
+        "  %e2 = shl i32 %n2, 23",
+        "  %b1 = add i32 %e1, 1065353216",
+        "  %b2 = add i32 %e2, 1065353216",
+        "  %s1 = bitcast i32 %b1 to float",
+        "  %s2 = bitcast i32 %b2 to float",
+        f"  %scaled = fmul float {last}, %s1",
+        "  %r = fmul float %scaled, %s2",
+        # the lanes below are out of the routine's range: their %r (poison where fptosi overflows) is not chosen
+        f"  %low = fcmp olt float %x, {_float_literal(-150.0)}",
+        "  %r1 = select i1 %low, float 0.0, float %r",
+        f"  %high = fcmp oge float %x, {_float_literal(128.0)}",
+        "  %r2 = select i1 %high, float 0x7FF0000000000000, float %r1",
+        "  %nan = fcmp uno float %x, 0.0",
+        "  %quiet = fadd float %x, %x",
+        "  %out = select i1 %nan, float %quiet, float %r2",
+        "  ret float %out",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+_HELPERS["tg_exp2f"] = _exp2_helper()
+
+
 def render_const(val: ConstType, dt: DType) -> str:
     """An LLVM literal of type reg_type(dt) for the Python value `val` (wrapped or rounded to `dt`)."""
     if dt == dtypes.bool:
@@ -344,6 +407,8 @@ class _FunctionWriter:
     def float_alu(self, op: Op, dt: DType, srcs: list[str], sdt: DType) -> str:
         xs = [self.to_compute(s, sdt) for s in srcs]
         ty = "double" if sdt == dtypes.float64 else "float"
+        if op is UnaryOps.EXP2 and ty == "float":  # the routine above, for float32, float16 and bfloat16
+            return self.from_compute(self.helper("tg_exp2f", "float", "float", xs[0]), dt)
         if op in _FLOAT_INTRINSICS:
             return self.from_compute(self.intrinsic(_FLOAT_INTRINSICS[op], ty, xs[0]), dt)
         if op is UnaryOps.NEG:
