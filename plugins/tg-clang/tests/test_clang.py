@@ -149,6 +149,7 @@ def test_exp2_is_within_one_ulp_and_vector_lanes_match_scalar_bits():
         [specials, rng.uniform(-160, 135, 40000), rng.uniform(-2, 2, 20000), rng.standard_normal(4000) * 1e-6]
     ).astype(np.float32)
     x = np.resize(x, (len(x) // 64 + 1) * 64)  # a multiple of every vector width: all lanes run vectorized
+
     def exp2(v: np.ndarray) -> np.ndarray:  # the EXP2 op itself (Tensor.exp2 goes through exp(x * ln 2))
         return Tensor(Tensor(v, device="CLANG").lazydata.e(UnaryOps.EXP2)).numpy()
 
