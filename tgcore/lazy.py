@@ -6,7 +6,6 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Optional, Union
 
@@ -18,7 +17,6 @@ from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, 
 from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
-from tgcore.shape.view import View, _plain_ints
 
 
 class LazyBuffer:
@@ -39,10 +37,10 @@ class LazyBuffer:
         self.size = st.size
         self._base = base
         if base is None:
-            if (claimed := _DEVICE_DTYPES.get(device)) is None:
-                claimed = _DEVICE_DTYPES[device] = _device_dtypes(device)
+            if (claimed := _DEVICE_DTYPES.get(device)) is None:  # a dict, not a cached function: no call per node
+                claimed = _DEVICE_DTYPES[device] = frozenset(Device[device].spec.dtypes)
             if dtype.scalar() not in claimed:
-                supported = ", ".join(d.short_name for d in sorted(_device_dtypes(device)))
+                supported = ", ".join(d.short_name for d in sorted(claimed))
                 raise TypeError(
                     f"device {device} does not support {dtype}; it supports {supported}: "
                     "cast first, or use another device"
@@ -111,13 +109,7 @@ class LazyBuffer:
         base = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
         if not shape:
             return base
-        st = _BROADCAST_ST.get(shape) if _plain_ints(shape) else None
-        if st is None:
-            st = ShapeTracker((View.create(shape, (0,) * len(shape)),))  # the broadcast, built in one step
-            if _plain_ints(shape):
-                if len(_BROADCAST_ST) >= 4096:
-                    _BROADCAST_ST.clear()
-                _BROADCAST_ST[tuple(shape)] = st
+        st = ShapeTracker.broadcast(shape)  # the broadcast, built in one step
         if st.size == 0:
             return base.reshape((1,) * len(shape)).expand(shape)
         return LazyBuffer(self.device, st, self.dtype, base=base)
@@ -307,16 +299,7 @@ def _foldable_cast(val: object, dtype: DType) -> bool:
     return not (isinstance(val, float) and not math.isfinite(val) and (dtypes.is_int(dtype) or dtype == dtypes.bool))
 
 
-@functools.lru_cache(maxsize=None)
-def _device_dtypes(device: str) -> frozenset[DType]:
-    """The dtypes a device instance claims in its DeviceSpec."""
-    return frozenset(Device[device].spec.dtypes)
-
-
-_DEVICE_DTYPES: dict[str, frozenset[DType]] = {}  # _device_dtypes without the call, for LazyBuffer.__init__
-# the ShapeTracker of a constant broadcast to a shape (int shapes only: a bound Variable equals its unbound self)
-_BROADCAST_ST: dict[tuple[int, ...], ShapeTracker] = {}
-plugins.on_change.append(_device_dtypes.cache_clear)
+_DEVICE_DTYPES: dict[str, frozenset[DType]] = {}  # the dtypes each device instance claims in its DeviceSpec
 plugins.on_change.append(_DEVICE_DTYPES.clear)
 
 

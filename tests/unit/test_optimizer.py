@@ -353,3 +353,22 @@ def test_beam_through_realize(monkeypatch: pytest.MonkeyPatch) -> None:
     with Context(BEAM=1):
         got = (Tensor(a) @ Tensor(b)).relu().numpy()
     assert same(reference, got) and store
+
+
+def test_index_uops_are_the_address_arithmetic_only() -> None:
+    # index_uops: what only computes addresses, gates and loop bounds; a value computed with the same numbers is not
+    from tgcore.codegen.uops import index_uops
+
+    t = Tensor(np.arange(6 * 7, dtype=np.int32).reshape(6, 7))
+    out = (t.pad(((1, 1), (0, 0))) * 7 + t.sum(axis=0)).cast(dtypes.int32)
+    uops = get_kernel(Device["PYTHON"].renderer, out.schedule()[-1].ast).to_program().uops
+    index = index_uops(uops)
+    loads = [u for u in uops if u.op is UOps.LOAD]
+    assert loads and all(id(u.src[1]) in index or u.src[1].op is UOps.CONST for u in loads)
+    assert any(id(u) in index for u in uops if u.op in (UOps.RANGE, UOps.SPECIAL))  # loop or launch indices
+    values = [u for u in uops if u.op is UOps.ALU and u.dtype == dtypes.int32 and any(s.op is UOps.LOAD for s in u.src)]
+    assert values and not any(id(u) in index for u in values)
+    gated = [u for u in loads if len(u.src) == 4]
+    assert gated and all(id(u.src[2]) in index for u in gated)
+    stored = [u.src[2] for u in uops if u.op is UOps.STORE]
+    assert stored and not any(id(u) in index for u in stored)

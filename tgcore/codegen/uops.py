@@ -88,6 +88,36 @@ class UOp:
         return f"UOp({self.op.name}, {self.dtype}, nsrc={len(self.src)}, arg={self.arg!r})"
 
 
+def index_uops(uops: list[UOp]) -> set[int]:
+    """The ids of the index arithmetic: the scalar ALU, RANGE and SPECIAL uops computed from launch indices, loop
+    variables, symbolic sizes and constants only, and used only to address memory, gate a load or store, bound a
+    loop or branch (directly or through other such uops). For a valid kernel none of them overflows int32, so a
+    renderer may spell them in a form its compiler folds into addresses (plain C arithmetic, a 64-bit type)."""
+    from_indices: set[int] = set()
+    users: dict[int, list[tuple[UOp, int]]] = {}
+    for u in uops:
+        if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
+            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
+        ):
+            from_indices.add(id(u))
+        for position, s in enumerate(u.src):
+            users.setdefault(id(s), []).append((u, position))
+    addressing: set[int] = set()
+
+    def addresses(user: UOp, position: int) -> bool:
+        if user.op is UOps.LOAD:  # (buffer, index, gate, alt): alt is a value
+            return position in (1, 2)
+        if user.op is UOps.STORE:  # (buffer, index, value, gate)
+            return position in (1, 3)
+        return user.op in (UOps.RANGE, UOps.ENDRANGE, UOps.IF) or id(user) in addressing
+
+    for u in reversed(uops):  # every user comes after what it uses
+        if u.op in (UOps.ALU, UOps.RANGE, UOps.SPECIAL) and id(u) in from_indices and u.dtype is not None:
+            if u.dtype.count == 1 and users.get(id(u)) and all(addresses(user, p) for user, p in users[id(u)]):
+                addressing.add(id(u))
+    return addressing
+
+
 def print_uops(uops: list[UOp]) -> str:
     """A readable listing of a uop list, one line each, sources as indices."""
     index = {id(u): i for i, u in enumerate(uops)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import UOp, UOps, index_uops
 from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
@@ -38,10 +38,10 @@ class CStyleLanguage(Renderer):
     # spell an access at index `x + c` (c a constant) as `(buf+x)[c]`: the constant becomes part of the address
     # instead of int arithmetic, which a compiler told that ints wrap (-fwrapv) cannot fold into the address
     pointer_offsets: bool = False
-    # the C type of index math (loop variables, launched indices and the int32 ALU ops that only compute
-    # addresses and gates), None to keep int. Indices never overflow int32 (buffers are smaller), but a compiler
-    # told that ints wrap (-fwrapv) must redo int index math each iteration: in a 64-bit type it strength-reduces
-    # it to pointer increments
+    # the C type of the int32 index arithmetic (codegen.uops.index_uops: loop variables, launched indices and the
+    # ops that only compute addresses, gates and bounds), None to keep int. Indices never overflow int32 (buffers are
+    # smaller), but a compiler told that ints wrap (-fwrapv) must redo int index math each iteration: in a 64-bit
+    # type it strength-reduces it to pointer increments
     index_type: Optional[str] = None
     # vector uops (codegen/uops.py): the dtype.vec(n) types are GCC/clang vector extension types, declared at the
     # top of the kernel by render_vector_type; a vector load or store reads n consecutive, possibly unaligned elements
@@ -191,10 +191,12 @@ class CStyleLanguage(Renderer):
         def emit(line: str) -> None:
             kernel.append("  " * depth + line)
 
-        index = _index_math(uops) if self.index_type is not None else set()
+        # the int32 index arithmetic, spelled in index_type (if the dialect sets one)
+        index = index_uops(uops) if self.index_type is not None else set()
+        wide = {id(u) for u in uops if id(u) in index and u.dtype == dtypes.int32}
 
         def int_t(u: UOp) -> str:
-            return self.index_type if id(u) in index else "int"  # type: ignore[return-value]
+            return self.index_type if id(u) in wide else "int"  # type: ignore[return-value]
 
         for u in uops:
             s = [names.get(id(x), "") for x in u.src]
@@ -257,7 +259,7 @@ class CStyleLanguage(Renderer):
                 src_dt = u.src[-1].dtype if u.arg is TernaryOps.WHERE else u.src[0].dtype
                 assert src_dt is not None
                 n = names[id(u)] = fresh("alu")
-                t = int_t(u) if id(u) in index else self.render_dtype(dt)
+                t = int_t(u) if id(u) in wide else self.render_dtype(dt)
                 emit(f"{t} {n} = {self.render_alu(u.arg, s, dt, src_dt)};")
             elif u.op is UOps.CAST:
                 assert dt is not None
@@ -292,33 +294,3 @@ _UNSIGNED_OF: dict[DType, DType] = {
     dtypes.int32: dtypes.uint32,
     dtypes.int64: dtypes.uint64,
 }
-
-
-def _index_math(uops: list[UOp]) -> set[int]:
-    """ids of the int32 uops (ALU, RANGE, SPECIAL) that only feed load/store indices and gates, never a value."""
-    found: dict[int, UOp] = {}
-    seen: set[int] = set()
-    stack = [
-        x for u in uops if u.op in (UOps.LOAD, UOps.STORE) for x in (u.src[1], *u.src[3 if u.op is UOps.STORE else 2 :])
-    ]
-    while stack:
-        x = stack.pop()
-        if id(x) in seen:
-            continue
-        seen.add(id(x))
-        if x.op in (UOps.ALU, UOps.RANGE, UOps.SPECIAL):
-            if x.dtype == dtypes.int32:
-                found[id(x)] = x
-            stack.extend(x.src)
-    # a uop that a value also reads keeps its own type
-    for u in uops:
-        if (id(u) in seen and u.op is not UOps.LOAD and u.op is not UOps.STORE) or u.op is UOps.ENDRANGE:
-            continue
-        srcs = u.src
-        if u.op is UOps.LOAD:
-            srcs = srcs[3:4]  # the alternative value of a gated load
-        elif u.op is UOps.STORE:
-            srcs = srcs[2:3]  # the value stored
-        for x in srcs:
-            found.pop(id(x), None)
-    return set(found)

@@ -12,7 +12,7 @@ the node kinds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple, cast
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
 from tgcore.shape.view import View, _canon, _plain_ints, _prod
@@ -77,7 +77,20 @@ def _view_real_size(v: View) -> int:
     return max(0, hi + 1)
 
 
+# trackers made on every op (LazyBuffer outputs, constants), memoized for int shapes; symbolic shapes are not kept: a
+# bound Variable compares equal to its unbound self
 _FROM_SHAPE: Dict[Tuple[int, ...], "ShapeTracker"] = {}
+_BROADCAST: Dict[Tuple[int, ...], "ShapeTracker"] = {}
+
+
+def _memoized(cache: dict, shape: Tuple[sint, ...], view: Callable[[Tuple[sint, ...]], View]) -> "ShapeTracker":
+    if not _plain_ints(shape):
+        return ShapeTracker((view(shape),))
+    if (ret := cache.get(shape)) is None:
+        if len(cache) >= 4096:
+            cache.clear()
+        ret = cache[shape] = ShapeTracker((view(shape),))
+    return ret
 
 
 @dataclass(frozen=True)
@@ -101,14 +114,13 @@ class ShapeTracker:
 
     @staticmethod
     def from_shape(shape: Sequence[sint]) -> "ShapeTracker":
-        shape = tuple(shape)
-        if not _plain_ints(shape):  # symbolic shapes are not kept: a bound Variable equals its unbound self
-            return ShapeTracker((View.create(shape),))
-        if (ret := _FROM_SHAPE.get(shape)) is None:
-            if len(_FROM_SHAPE) >= 4096:
-                _FROM_SHAPE.clear()
-            ret = _FROM_SHAPE[shape] = ShapeTracker((View.create(shape),))
-        return ret
+        """The contiguous tracker of `shape`."""
+        return _memoized(_FROM_SHAPE, tuple(shape), View.create)
+
+    @staticmethod
+    def broadcast(shape: Sequence[sint]) -> "ShapeTracker":
+        """A single element read at every index of `shape` (all strides 0): a constant's view."""
+        return _memoized(_BROADCAST, tuple(shape), lambda s: View.create(s, (0,) * len(s)))
 
     # ---- info ---------------------------------------------------------------------------------
     @property

@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import UOp, UOps, index_uops
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer.cstyle import CStyleLanguage
@@ -340,36 +340,15 @@ class CUDARenderer(CStyleLanguage):
 
 
 def index_arithmetic(uops: list[UOp]) -> set[int]:
-    """The ids of the int32 `+ - *` uops that are index arithmetic: computed from launch indices, loop variables,
-    symbolic sizes and constants only, and used only to address memory, gate a load or store, bound a loop or
-    branch (directly or through other such uops). They cannot overflow for a valid kernel, so they are spelled as
-    plain C++, which lets the compiler fold them into addresses."""
-    from_indices: set[int] = set()
-    users: dict[int, list[tuple[UOp, int]]] = {}
-    for u in uops:
-        if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
-            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
-        ):
-            from_indices.add(id(u))
-        for position, s in enumerate(u.src):
-            users.setdefault(id(s), []).append((u, position))
-    addressing: set[int] = set()
-
-    def addresses(user: UOp, position: int) -> bool:
-        if user.op is UOps.LOAD:  # (buffer, index, gate, alt): alt is a value
-            return position in (1, 2)
-        if user.op is UOps.STORE:  # (buffer, index, value, gate)
-            return position in (1, 3)
-        return user.op in (UOps.RANGE, UOps.IF) or id(user) in addressing
-
-    for u in reversed(uops):  # every user comes after what it uses
-        if u.op is UOps.ALU and id(u) in from_indices and u.dtype is not None and u.dtype.count == 1:
-            if users.get(id(u)) and all(addresses(user, p) for user, p in users[id(u)]):
-                addressing.add(id(u))
+    """The ids of the int32 `+ - *` uops of the index arithmetic (tgcore.codegen.uops.index_uops): they cannot
+    overflow for a valid kernel, so they are spelled as plain C++, which lets the compiler fold them into
+    addresses."""
+    index = index_uops(uops)
     return {
         id(u)
         for u in uops
-        if id(u) in addressing
+        if id(u) in index
+        and u.op is UOps.ALU
         and u.dtype == dtypes.int32
         and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
         and all(s.dtype == dtypes.int32 for s in u.src)

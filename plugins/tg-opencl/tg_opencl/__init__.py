@@ -13,21 +13,12 @@ from tg_opencl.compiler import OpenCLCompiler
 from tg_opencl.renderer import OpenCLRenderer
 from tg_opencl.runtime import OpenCLProgram
 from tgcore.dtype import DType, dtypes
-from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
 __version__ = "0.1.0"
 # what every OpenCL device computes; half and double only where every device reports cl_khr_fp16 / cl_khr_fp64
-BASE_DTYPES: tuple[DType, ...] = (
-    dtypes.bool,
-    dtypes.int8,
-    dtypes.uint8,
-    dtypes.int16,
-    dtypes.uint16,
-    dtypes.int32,
-    dtypes.uint32,
-    dtypes.int64,
-    dtypes.uint64,
-    dtypes.float32,
+BASE_DTYPES: tuple[DType, ...] = tuple(
+    dt for dt in ALL_DTYPES if dt not in (dtypes.float16, dtypes.bfloat16, dtypes.float64)
 )
 
 
