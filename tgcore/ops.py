@@ -54,7 +54,8 @@ class BinaryOps(_OpEnum):
 
 
 class TernaryOps(_OpEnum):
-    """WHERE(cond, a, b) selects; MULACC(a, b, c) is a*b+c."""
+    """WHERE(cond, a, b) selects; MULACC(a, b, c) is a*b+c (rounded as two ops; once, for float32 / float64, on a
+    Renderer that declares fused_mulacc)."""
 
     WHERE = auto()
     MULACC = auto()

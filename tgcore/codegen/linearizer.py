@@ -18,6 +18,10 @@ from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, Unar
 from tgcore.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, sint
 
 _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
+# a SUM of products over these accumulates with MULACC on a renderer with `fused_mulacc`
+_FUSED_DTYPES = (dtypes.float32, dtypes.float64)
+# uops without effects: dropped when nothing reads them (a product that a MULACC took over)
+_PURE = (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE)
 # a kernel's outermost loop is split across threads when it runs at least this many innermost iterations
 THREAD_MIN_WORK = 1 << 17
 _THREAD_BOUNDS = ("core_start", "core_end")
@@ -171,6 +175,7 @@ class Linearizer:
         self._store(store, self.lower(store.src[0]))
         for r in reversed(self.ranges):
             self.close_range(r)
+        self.uops = _live(self.uops)
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
         iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape[: k.first_upcast]])
         self.op_estimate = n_alu * iterations
@@ -429,12 +434,22 @@ class Linearizer:
         self.ast_caches.pop()
         # each accumulator adds its unrolled lanes in index order: the order of the loop they replace
         current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
+        fused = op.op is ReduceOps.SUM and dt in _FUSED_DTYPES and getattr(k.opts, "fused_mulacc", False)
         for key, groups in groups_of.items():
             for g in sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled]):
-                cur = current[key]
+                cur, product = current[key], self._product(vals[g]) if fused else None
                 if not isinstance(cur, tuple):  # a vector accumulator
-                    new = self.uop(UOps.ALU, cur.dtype, (cur, self._vector(vals[g])), BinaryOps.ADD, cse=False)
+                    if product is not None:
+                        mulacc = (self._vector(product[0]), self._vector(product[1]), cur)
+                        new = self.uop(UOps.ALU, cur.dtype, mulacc, TernaryOps.MULACC, cse=False)
+                    else:
+                        new = self.uop(UOps.ALU, cur.dtype, (cur, self._vector(vals[g])), BinaryOps.ADD, cse=False)
                     current[key] = self._phi(cur, new)
+                elif product is not None:
+                    current[key] = tuple(
+                        self._phi_one(acc, self.uop(UOps.ALU, dt, (x, y, acc), TernaryOps.MULACC, cse=False))
+                        for acc, x, y in zip(cur, self._scalars(product[0]), self._scalars(product[1]))
+                    )
                 else:
                     alu = _REDUCE_ALU[op.op]  # type: ignore[index]
                     current[key] = tuple(
@@ -444,6 +459,16 @@ class Linearizer:
         for r in reversed(loops):
             self.close_range(r)
         return [self._acc(accs[key]) for g in range(self.n_groups) for key in [self._group_key(g)]]
+
+    @staticmethod
+    def _product(v: Value) -> Optional[tuple[Value, Value]]:
+        """(a, b) when every lane of `v` is a product a*b (a fused renderer accumulates it as MULACC(a, b, acc))."""
+        lanes = v if isinstance(v, tuple) else (v,)
+        if not all(x.op is UOps.ALU and x.arg is BinaryOps.MUL for x in lanes):
+            return None
+        if isinstance(v, tuple):
+            return tuple(x.src[0] for x in v), tuple(x.src[1] for x in v)
+        return v.src[0], v.src[1]
 
     def _group_key(self, g: int) -> tuple[int, ...]:
         lane = self.lanes[g * self.width]
@@ -465,3 +490,15 @@ class Linearizer:
         if isinstance(acc, tuple):
             return tuple(a.src[0] if a.op is UOps.PHI else a for a in acc)
         return acc.src[0] if acc.op is UOps.PHI else acc
+
+
+def _live(uops: list[UOp]) -> list[UOp]:
+    """`uops` without the effect-free ones whose value nothing reads."""
+    read: set[int] = set()
+    keep = []
+    for u in reversed(uops):
+        if u.op in _PURE and id(u) not in read:
+            continue
+        keep.append(u)
+        read.update(id(s) for s in u.src)
+    return keep[::-1]

@@ -28,12 +28,14 @@ Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever
 `dtype.vec(n)` (n > 1; so far float32 and float64, n a power of two up to 16) may be the dtype of
 - LOAD (buffer, index): the n consecutive elements from `index` (not necessarily aligned; never gated),
 - STORE (buffer, index, vector value): likewise,
-- ALU with ADD, SUB, MUL, DIV, NEG, and the ops in the renderer's `vector_math`: lane by lane, every operand
-  a vector of the same dtype,
+- ALU with ADD, SUB, MUL, DIV, NEG, the ops in the renderer's `vector_math`, and MULACC where the renderer
+  declares `fused_mulacc`: lane by lane, every operand a vector of the same dtype,
 - DEFINE_ACC (every lane starts at the scalar arg) and PHI,
 besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops) stays scalar, through GEP.
 
-Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s. CMPLT and CMPEQ
+Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s, except float32 and
+float64 MULACC on a renderer that declares `fused_mulacc`: a*b+c rounded once (C's fma). The linearizer emits
+MULACC only there, to accumulate a SUM of products. CMPLT and CMPEQ
 return bool. Loops nest: every RANGE is closed by its ENDRANGE in the reverse order they were opened.
 """
 

@@ -32,6 +32,11 @@ class Renderer:
     # vector uops only (codegen/uops.py): ALU ops besides VECTOR_ALU that this renderer computes on whole vectors
     # (e.g. EXP2 in a vectorized math routine); the optimizer upcasts elementwise kernels that use them
     vector_math: tuple[Any, ...] = ()
+    # MULACC on float32 and float64 rounds once (a fused multiply-add, C's fmaf / fma) instead of twice; the linearizer
+    # then accumulates each float32 / float64 SUM reduce of a product with MULACC (a matmul's or a conv's inner loop
+    # runs on FMA instructions, as BLAS and torch do). Results differ from the two-rounding reference in the last bits
+    # of each step, within the declared tolerances, and are the same for every optimization of a kernel
+    fused_mulacc: bool = False
 
     def render(self, name: str, uops: list[UOp]) -> str:
         raise NotImplementedError(f"{type(self).__name__} does not implement render")

@@ -102,6 +102,16 @@ class CStyleLanguage(Renderer):
         compute = self.float_compute[dt]
         return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
 
+    def render_fma(self, a: str, b: str, c: str, dt: DType) -> str:
+        """a*b+c rounded once (a renderer with fused_mulacc; dt float32 or float64, or a vector of them)."""
+        if dt.count > 1:
+            scalar = dt.scalar()
+            lanes = ", ".join(
+                self.render_fma(f"({a})[{i}]", f"({b})[{i}]", f"({c})[{i}]", scalar) for i in range(dt.count)
+            )
+            return f"(({self.render_dtype(dt)}){{{lanes}}})"
+        return f"{'fma' if dt == dtypes.float64 else 'fmaf'}({a},{b},{c})"
+
     def render_access(self, buf: str, idx: UOp, names: dict[int, str], dt: Optional[DType] = None) -> str:
         """The element of `buf` at index uop `idx` (the vector of dt.count elements from there, for a vector dt)."""
         offset = self.pointer_offsets and idx.op is UOps.ALU and idx.arg is BinaryOps.ADD
@@ -162,6 +172,8 @@ class CStyleLanguage(Renderer):
         if op is TernaryOps.WHERE:
             return f"({a}?{b}:{srcs[2]})"
         if op is TernaryOps.MULACC:
+            if self.fused_mulacc and dt.scalar() in (dtypes.float32, dtypes.float64):
+                return self.render_fma(a, b, srcs[2], dt)
             return f"(({a}*{b})+{srcs[2]})"
         raise NotImplementedError(f"{type(self).__name__} cannot render ALU op {op}")
 

@@ -165,3 +165,51 @@ def test_exp2_is_within_one_ulp_and_vector_lanes_match_scalar_bits():
     with Context(NOOPT=1):  # one element per iteration: the scalar routine
         scalar = exp2(x)
     np.testing.assert_array_equal(scalar.view(np.uint32), got.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_float_sum_of_products_rounds_once_per_step(dtype):
+    # the renderer declares fused_mulacc: a matmul accumulates with fmaf / fma, k in order, optimized or not
+    from tg_conformance.reference import fused_multiply_add
+
+    from tgcore.codegen.kernel import Kernel, Opt, OptOps
+    from tgcore.device import Buffer
+    from tgcore.engine.realize import CompiledRunner, get_kernel
+    from tgcore.helpers import Context
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((6, 40)).astype(dtype), rng.standard_normal((40, 24)).astype(dtype)
+    dt = dtypes.float32 if dtype == np.float32 else dtypes.float64
+    fused, twice = np.zeros((6, 24), dtype), np.zeros((6, 24), dtype)
+    for k in range(40):
+        fused = np.array(
+            [[fused_multiply_add(a[i, k], b[k, j], fused[i, j], dt) for j in range(24)] for i in range(6)], dtype
+        )
+        twice = twice + a[:, k : k + 1] * b[k : k + 1, :]
+    assert not np.array_equal(fused, twice)  # the inputs tell one rounding from two
+    out = Tensor(a, device="CLANG") @ Tensor(b, device="CLANG")
+    si = out.schedule()[-1]
+    src = get_kernel(Device["CLANG"].renderer, si.ast, "CLANG").to_program().src
+    assert ("fmaf(" if dtype == np.float32 else "fma(") in src
+    np.testing.assert_array_equal(out.numpy(), fused)
+    with Context(NOOPT=1):
+        plain = (Tensor(a, device="CLANG") @ Tensor(b, device="CLANG")).numpy()
+    np.testing.assert_array_equal(plain, fused)
+    # vector accumulators over products of strided (VECTORIZE) or vector loads, scalar ones over vector products
+    inputs = [x.base.buffer.allocate() for x in si.inputs]
+    for opts in (
+        [Opt(OptOps.UPCAST, 0, 2)],
+        [Opt(OptOps.UPCAST, 1, 8)],
+        [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UNROLL, 0, 4)],
+        [Opt(OptOps.UPCAST, 0, 3), Opt(OptOps.UNROLL, 0, 0)],
+    ):
+        k = Kernel(si.ast, Device["CLANG"].renderer)
+        k.apply_opts(opts)
+        dest = Buffer("CLANG", 6 * 24, dt).allocate()
+        CompiledRunner("CLANG", k.to_program())([dest] + inputs, {})
+        np.testing.assert_array_equal(dest.numpy().reshape(6, 24), fused, err_msg=str(opts))
+    # an elementwise multiply and add still round apart
+    x, y, z = (rng.standard_normal(64).astype(dtype) for _ in range(3))
+    np.testing.assert_array_equal(
+        (Tensor(x, device="CLANG") * Tensor(y, device="CLANG") + Tensor(z, device="CLANG")).numpy(), x * y + z
+    )

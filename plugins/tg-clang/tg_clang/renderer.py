@@ -50,6 +50,7 @@ def _exp2_vector(n: int) -> str:
 _HEADER = (
     "".join(f"float {f}f(float); double {f}(double); " for f in ("exp2", "log2", "sin", "sqrt"))
     + "float fmodf(float, float); double fmod(double, double);\n"
+    + "float fmaf(float, float, float); double fma(double, double, double);\n"
     + _EXP2_SCALAR
     + "".join(_exp2_vector(n) for n in (2, 4, 8, 16))
 )
@@ -86,6 +87,9 @@ class ClangRenderer(CStyleLanguage):
     threads = True  # the core splits a big kernel's outermost loop across the host's cores
     pointer_offsets = True  # the kernels are built with -fwrapv
     index_type = "long"  # 64-bit index math: with -fwrapv, int index math cannot become pointer increments
+    # a float SUM of products accumulates with fmaf / fma (the compiler emits FMA instructions, lane by lane vectors
+    # become one vector FMA); -ffp-contract=off keeps every other multiply and add rounding on its own
+    fused_mulacc = True
     vector_math = (UnaryOps.EXP2,)  # float32 vectors: tg_exp2f<n>; float64 vectors: lane by lane through libm
     infinity = "__builtin_inff()"
     nan = '__builtin_nanf("")'

@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tg_conformance.reference import fused_multiply_add
 from tg_llvm.compiler import LLVMCompiler
 from tg_llvm.runtime import LLVMProgram, undefined_symbols
 from uop_kernels import (
@@ -78,11 +79,9 @@ def test_alu_matches_exec_alu(op, dt):
     inputs, in_dts, out_dt = operands(op, dt)
     got = run_elementwise("LLVM", op, inputs, in_dts, out_dt)
     with np.errstate(all="ignore"):
-        if op is TernaryOps.MULACC and dt == dtypes.bfloat16:
-            # tg-conformance wants it unfused, like every other dtype; exec_alu still rounds bfloat16 a*b+c once
-            # (listed as a core bug in tg_conformance.known_issues)
-            product = exec_alu(BinaryOps.MUL, dt, inputs[:2])
-            want = exec_alu(BinaryOps.ADD, dt, [product, inputs[2]])
+        if op is TernaryOps.MULACC and dt in (dtypes.float32, dtypes.float64):  # fused_mulacc: llvm.fma
+            lanes = np.broadcast_arrays(*[np.asarray(x) for x in inputs])
+            want = np.array([fused_multiply_add(*map(float, lane), dt) for lane in zip(*lanes)], dtype=got.dtype)
         else:
             want = exec_alu(op, out_dt, [np.asarray(x) for x in inputs])
     if op in TRANSCENDENTAL:
@@ -199,17 +198,31 @@ def test_nul_in_the_ir_is_a_compile_error_not_a_truncation():
         LLVMCompiler().compile(src)
 
 
+def _mul_then_add_uops(n: int) -> list[UOp]:
+    """out[i] = in1[i]*in2[i] + in3[i] as two ALU ops (MUL, then ADD)."""
+    uops = elementwise_uops(TernaryOps.MULACC, [dtypes.float32] * 3, dtypes.float32, n)
+    mulacc = next(u for u in uops if u.op is UOps.ALU)
+    product = UOp(UOps.ALU, dtypes.float32, mulacc.src[:2], BinaryOps.MUL)
+    total = UOp(UOps.ALU, dtypes.float32, (product, mulacc.src[2]), BinaryOps.ADD)
+    at = uops.index(mulacc)
+    store = uops[at + 1]
+    return [*uops[:at], product, total, UOp(UOps.STORE, None, (*store.src[:2], total)), *uops[at + 2 :]]
+
+
 @pytest.mark.parametrize("opt", [0, 1, 2, 3])
 def test_every_optimization_level_computes_the_same(opt):
+    """A multiply then an add round twice at every level (no contraction); MULACC is one fma at every level."""
     rng = np.random.default_rng(opt)
     a, b, c = (rng.standard_normal(37).astype(np.float32) for _ in range(3))
     dev = Device["LLVM"]
-    src = dev.renderer.render("mulacc", _mulacc_uops(37))
-    prg = LLVMProgram("LLVM", "mulacc", LLVMCompiler(opt=opt).compile(src))
-    out = Buffer("LLVM", 37, dtypes.float32).allocate()
-    ins = [Buffer("LLVM", 37, dtypes.float32, initial_value=x.tobytes()) for x in (a, b, c)]
-    prg(out._opaque, *[x._opaque for x in ins])
-    assert same_bits(from_buffer(out), a * b + c).all()  # two roundings: no fused multiply-add at any level
+    fused = np.array([fused_multiply_add(*map(float, lane), dtypes.float32) for lane in zip(a, b, c)], np.float32)
+    assert not same_bits(fused, a * b + c).all()  # the inputs tell the two apart
+    for name, uops, want in (("mul_add", _mul_then_add_uops(37), a * b + c), ("mulacc", _mulacc_uops(37), fused)):
+        prg = LLVMProgram("LLVM", name, LLVMCompiler(opt=opt).compile(dev.renderer.render(name, uops)))
+        out = Buffer("LLVM", 37, dtypes.float32).allocate()
+        ins = [Buffer("LLVM", 37, dtypes.float32, initial_value=x.tobytes()) for x in (a, b, c)]
+        prg(out._opaque, *[x._opaque for x in ins])
+        assert same_bits(from_buffer(out), want).all(), name
 
 
 def test_optimization_level_from_the_environment():

@@ -8,7 +8,8 @@ memory as the upper 16 bits of a float32 and in registers as a `float` already r
 (to nearest even) after every operation, as `tgcore.ops.exec_alu` defines it.
 
 Loops are `phi` induction variables; accumulators are stack slots that LLVM's mem2reg turns into registers.
-No instruction carries a fast-math flag and no `fmuladd` is emitted, so every result rounds as numpy's does.
+No instruction carries a fast-math flag and no `fmuladd` is emitted, so every result rounds as numpy's does, but for
+float32 / float64 MULACC, which is `llvm.fma` (the Renderer declares `fused_mulacc`: one rounding, as C's fma).
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class LLVMRenderer(Renderer):
     has_shared = False
     supports_float4 = False
     threads = True  # the core splits a big kernel's outermost loop across the host's cores (two more DEFINE_VARs)
+    fused_mulacc = True  # float32 / float64 MULACC is llvm.fma: a float SUM of products runs on FMA instructions
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _FunctionWriter(name, uops).render()
@@ -385,7 +387,9 @@ class _FunctionWriter:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
             a, b = (self.cast(s, sdt, dt) for s, sdt in zip(srcs[1:], src_dts[1:]))
             return self.emit(f"select i1 {cond}, {reg_type(dt)} {a}, {reg_type(dt)} {b}")
-        if op is TernaryOps.MULACC:  # never fused: a*b rounds to the dtype, then the sum rounds again
+        if op is TernaryOps.MULACC and dt in (dtypes.float32, dtypes.float64):  # fused_mulacc: rounds once
+            return self.intrinsic("fma", reg_type(dt), *srcs)
+        if op is TernaryOps.MULACC:  # half floats: a*b rounds to the dtype, then the sum rounds again; ints wrap
             product = self.alu(BinaryOps.MUL, dt, srcs[:2], src_dts[:2])
             return self.alu(BinaryOps.ADD, dt, [product, srcs[2]], [dt, src_dts[2]])
         sdt = src_dts[0]

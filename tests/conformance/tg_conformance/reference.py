@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -268,7 +269,7 @@ def _bool_alu(op: object, cols: Sequence[np.ndarray]) -> np.ndarray:
     return make_array([fns[op](*lane) for lane in zip(*[[bool(v) for v in col] for col in cols])], dtypes.bool)
 
 
-def _float_alu(op: object, dt: DType, cols: Sequence[np.ndarray]) -> np.ndarray:
+def _float_alu(op: object, dt: DType, cols: Sequence[np.ndarray], fused: bool = False) -> np.ndarray:
     # f16 and bf16 compute in float32 then round once: float32 is wide enough that this double rounding is harmless
     # for + - * / (24 >= 2p + 2 bits); transcendental results are float64 rounded to the dtype
     compute = np.float64 if dt == dtypes.float64 else np.float32
@@ -293,13 +294,35 @@ def _float_alu(op: object, dt: DType, cols: Sequence[np.ndarray]) -> np.ndarray:
         return a < b
     if op is BinaryOps.CMPEQ:
         return a == b
-    if op is TernaryOps.MULACC:  # a*b rounds to the dtype, then the sum rounds again (no fused multiply-add)
-        return rnd(rnd(a * b).astype(compute) + cols[2].astype(compute))
+    if op is TernaryOps.MULACC:
+        if fused and dt in (dtypes.float32, dtypes.float64):
+            return make_array([fused_multiply_add(*lane, dt) for lane in zip(*cols)], dt)
+        return rnd(rnd(a * b).astype(compute) + cols[2].astype(compute))  # a*b rounds, then the sum rounds again
     raise NotImplementedError(f"no float reference for {op}")
 
 
-def alu_reference(op: object, dt: DType, cols: Sequence[np.ndarray]) -> np.ndarray:
-    """The expected result of ALU `op` with operand dtype `dt` on operand arrays `cols` (broadcast together)."""
+def fused_multiply_add(a: float, b: float, c: float, dt: DType) -> float:
+    """a*b+c rounded once to float32 or float64 (C's fmaf / fma), from the exact rational result."""
+    a, b, c = float(a), float(b), float(c)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a * b + c  # inf or NaN already: IEEE's product and sum give fma's result
+    if not math.isfinite(c):
+        return c  # the exact product is finite
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:  # an exact zero: IEEE's sign rules, unless a nonzero product cancelled c (+0)
+        return a * b + c if a == 0 or b == 0 else 0.0
+    try:
+        d = float(exact)  # correctly rounded to float64
+    except OverflowError:
+        return math.inf if exact > 0 else -math.inf
+    if dt == dtypes.float32 and Fraction(d) != exact and int(np.float64(d).view(np.int64)) % 2 == 0:
+        d = math.nextafter(d, math.inf if exact > Fraction(d) else -math.inf)  # round to odd: float32(d) is exact RN
+    return d
+
+
+def alu_reference(op: object, dt: DType, cols: Sequence[np.ndarray], fused: bool = False) -> np.ndarray:
+    """The expected result of ALU `op` with operand dtype `dt` on operand arrays `cols` (broadcast together);
+    `fused`: MULACC on float32 / float64 rounds once (a Renderer with fused_mulacc)."""
     shape = np.broadcast_shapes(*[np.shape(c) for c in cols])
     flat = [np.broadcast_to(c, shape).reshape(-1) for c in cols]
     with np.errstate(all="ignore"):
@@ -310,7 +333,7 @@ def alu_reference(op: object, dt: DType, cols: Sequence[np.ndarray]) -> np.ndarr
         elif dtypes.is_int(dt):
             out = _int_alu(op, dt, flat)
         else:
-            out = _float_alu(op, dt, flat)
+            out = _float_alu(op, dt, flat, fused)
     return out.reshape(shape)
 
 

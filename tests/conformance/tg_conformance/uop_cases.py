@@ -47,10 +47,11 @@ def alu(target: Target, rng: np.random.Generator, op: Any, dtype: DType) -> Case
 
     def check(out: list[np.ndarray]) -> None:
         tolerance = target.tolerance(dtype) if op in ref.TRANSCENDENTAL else None
+        fused = bool(getattr(target.renderer, "fused_mulacc", False))
         # MAX of 0.0 and -0.0 may give either zero
         zero_free = (cols[0] == 0) & (cols[1] == 0) if op is BinaryOps.MAX and dtypes.is_float(dtype) else None
         assert_lanes(f"ALU {op.name} on {dtype.short_name}", target.name, op.name, list(zip(cols, operand_dts)),
-                     out[0], ref.alu_reference(op, dtype, cols), ref.result_dtype(op, dtype), "repro_alu",
+                     out[0], ref.alu_reference(op, dtype, cols, fused), ref.result_dtype(op, dtype), "repro_alu",
                      (op.name, dtype.short_name), tolerance=tolerance, zero_sign_free=zero_free)
 
     return Case(alu_kernel(target, op, dtype, len(cols[0])), {i + 1: c for i, c in enumerate(cols)},
