@@ -137,11 +137,9 @@ class dtypes:
     @staticmethod
     def as_const(val: ConstType, dtype: DType) -> ConstType:
         """`val` as the Python type that holds constants of `dtype`."""
-        if dtypes.is_int(dtype):
-            return int(val)
-        if dtypes.is_float(dtype):
-            return float(val)
-        return bool(val)
+        if (known := _CONST_TYPES.get(id(dtype))) is None or known[0] is not dtype:  # (no DType hash: an id)
+            known = _const_type(dtype)
+        return known[1](val)
 
     @staticmethod
     def min(dtype: DType) -> ConstType:
@@ -312,6 +310,17 @@ def truncate(val: ConstType, dtype: DType) -> ConstType:
 
 
 _STRUCT_FLOAT = {dtypes.float32: "f", dtypes.float16: "e"}
+
+# the Python type of each dtype object's constants, by id (the dtype is kept here, so its id is not reused)
+_CONST_TYPES: dict[int, tuple[DType, type]] = {}
+
+
+def _const_type(dtype: DType) -> tuple[DType, type]:
+    known = (dtype, int if dtypes.is_int(dtype) else float if dtypes.is_float(dtype) else bool)
+    if len(_CONST_TYPES) >= 256:  # vec() makes a new DType object per call
+        _CONST_TYPES.clear()
+    _CONST_TYPES[id(dtype)] = known
+    return known
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Optional
 
 from tgcore.dtype import DType, dtypes, sum_acc_dtype
@@ -17,8 +18,8 @@ class Function:
 
     def __init__(self, device: str, *tensors: Any) -> None:
         self.device = device
-        self.needs_input_grad = [t.requires_grad for t in tensors]
-        self.requires_grad = True if any(self.needs_input_grad) else None if None in self.needs_input_grad else False
+        self.needs_input_grad = needs = list(map(_requires_grad, tensors))  # map: no comprehension frame per op
+        self.requires_grad = True if any(needs) else None if None in needs else False
         if self.requires_grad:
             self.parents = tensors
 
@@ -31,16 +32,18 @@ class Function:
     @classmethod
     def apply(cls, *x: Any, **kwargs: Any) -> Any:
         """Run this function on tensors `x`; the result is a tensor of the inputs' type."""
-        ctx = cls(x[0].device, *x)
-        tensor_type = type(x[0])
+        first = x[0]
+        ctx = cls(first.lazydata.device, *x)  # (Tensor.device without the property call)
+        tensor_type = type(first)
         ret = tensor_type.__new__(tensor_type)
-        ret.lazydata, ret.requires_grad, ret.grad = (
-            ctx.forward(*[t.lazydata for t in x], **kwargs),
-            ctx.requires_grad,
-            None,
-        )
+        ret.lazydata = ctx.forward(*map(_lazydata, x), **kwargs)
+        ret.requires_grad, ret.grad = ctx.requires_grad, None
         ret._ctx = ctx if ctx.requires_grad and not tensor_type.no_grad else None
         return ret
+
+
+_requires_grad = attrgetter("requires_grad")
+_lazydata = attrgetter("lazydata")
 
 
 class Contiguous(Function):

@@ -17,6 +17,7 @@ from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, 
 from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
+from tgcore.shape.view import _plain_ints
 
 
 class LazyBuffer:
@@ -37,14 +38,9 @@ class LazyBuffer:
         self.size = st.size
         self._base = base
         if base is None:
-            if (claimed := _DEVICE_DTYPES.get(device)) is None:  # a dict, not a cached function: no call per node
-                claimed = _DEVICE_DTYPES[device] = frozenset(Device[device].spec.dtypes)
-            if dtype.scalar() not in claimed:
-                supported = ", ".join(d.short_name for d in sorted(claimed))
-                raise TypeError(
-                    f"device {device} does not support {dtype}; it supports {supported}: "
-                    "cast first, or use another device"
-                )
+            # a dict get by the dtype object's id: no Python call (DType hashes in Python) for a dtype seen before
+            if (supported := _SUPPORTED.get(device)) is None or supported.get(id(dtype)) is not dtype:
+                _check_dtype(device, dtype)
             self.op, self.arg, self.srcs = op, arg, srcs
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
@@ -53,9 +49,10 @@ class LazyBuffer:
             if op is LoadOps.ASSIGN:
                 self.buffer = srcs[1].base.buffer
             elif op is not LoadOps.CONST:
-                self.buffer = Buffer(device, _max_size(self.size), dtype)
+                size = self.size
+                self.buffer = Buffer(device, size if type(size) is int else _max_size(size), dtype)
         else:
-            if base.base is not base:
+            if base._base is not None:
                 raise ValueError("a view's base must be a base LazyBuffer")
 
     def __getattr__(self, name: str) -> Any:  # only called for attributes not set: the Buffer of a CONST base
@@ -106,13 +103,35 @@ class LazyBuffer:
     def const(self, val: ConstType, shape: Optional[tuple[sint, ...]] = None) -> LazyBuffer:
         """A constant of this buffer's dtype and device, broadcast to `shape` (default: this shape)."""
         shape = self.shape if shape is None else shape
+        vtype = type(val)
+        key: Optional[tuple[Any, ...]] = None
+        if (
+            (vtype is int or vtype is bool or (vtype is float and val == val))  # a NaN is not kept: it equals nothing
+            and type(shape) is tuple
+            and shape
+            and _plain_ints(shape)
+        ):
+            # 0.0 and -0.0 by their bits (they compare equal); True and 1 differ by type
+            key = (val.hex() if vtype is float and val == 0.0 else val, vtype, self.dtype.name, self.device, shape)  # type: ignore[union-attr]
+            view = _CONSTS.get(key)
+            if (
+                view is not None
+                and view.base.realized is None
+                and (view.dtype is self.dtype or view.dtype == self.dtype)
+            ):
+                return view
         base = LazyBuffer.loadop(LoadOps.CONST, (), self.dtype, self.device, arg=val)
         if not shape:
             return base
         st = ShapeTracker.broadcast(shape)  # the broadcast, built in one step
         if st.size == 0:
             return base.reshape((1,) * len(shape)).expand(shape)
-        return LazyBuffer(self.device, st, self.dtype, base=base)
+        view = LazyBuffer(self.device, st, self.dtype, base=base)
+        if key is not None:
+            if len(_CONSTS) >= _CONSTS_SIZE:
+                _CONSTS.pop(next(iter(_CONSTS)))
+            _CONSTS[key] = view
+        return view
 
     def is_unrealized_const(self) -> bool:
         return self.base.realized is None and self.base.op is LoadOps.CONST
@@ -154,20 +173,21 @@ class LazyBuffer:
     def e(self, op: Union[UnaryOps, BinaryOps, TernaryOps], *in_srcs: LazyBuffer, arg: Any = None) -> LazyBuffer:
         """Elementwise `op` of this buffer and `in_srcs` (same shape and device)."""
         srcs = (self, *in_srcs)
+        shape, device = self.shape, self.device
         for s in in_srcs:
-            if s.shape != self.shape:
+            if s.shape != shape:
                 raise ValueError(f"{op} needs operands of one shape, got {[x.shape for x in srcs]}")
-            if s.device != self.device:
+            if s.device != device:
                 raise ValueError(f"{op} needs operands on one device, got {[x.device for x in srcs]}")
-        value_srcs = srcs[1:] if op is TernaryOps.WHERE else srcs
+        value_srcs = in_srcs if op is TernaryOps.WHERE else srcs
         value_dtype = value_srcs[0].dtype
         for s in value_srcs:
-            if s.dtype != value_dtype:
+            if s.dtype is not value_dtype and s.dtype != value_dtype:  # (identity first: DType.__eq__ is Python)
                 raise TypeError(f"{op} needs operands of one dtype, got {[s.dtype for s in value_srcs]}")
         if op is TernaryOps.WHERE and self.dtype != dtypes.bool:
             raise TypeError(f"WHERE needs a bool condition, got {self.dtype}")
         out_dtype = dtypes.bool if op is BinaryOps.CMPLT or op is BinaryOps.CMPEQ else value_dtype
-        if self.base.op is LoadOps.CONST and all(
+        if (self._base or self).op is LoadOps.CONST and all(
             s.is_unrealized_unmasked_const() and not isinstance(s.base.arg, Node) for s in srcs
         ):
             folded = exec_alu(op, out_dtype, [np.array(s.base.arg, dtype=_np_type(s.dtype)) for s in srcs])
@@ -176,7 +196,7 @@ class LazyBuffer:
                 .reshape((1,) * len(self.shape))
                 .expand(self.shape)
             )
-        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), out_dtype, op, arg, srcs)
+        return LazyBuffer(device, ShapeTracker.from_shape(shape), out_dtype, op, arg, srcs)
 
     def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
         """Reduce over `axis`, keeping those axes with size 1."""
@@ -300,7 +320,34 @@ def _foldable_cast(val: object, dtype: DType) -> bool:
 
 
 _DEVICE_DTYPES: dict[str, frozenset[DType]] = {}  # the dtypes each device instance claims in its DeviceSpec
+# per device, the dtype objects checked against those, by id (each kept here, so its id is not reused)
+_SUPPORTED: dict[str, dict[int, DType]] = {}
 plugins.on_change.append(_DEVICE_DTYPES.clear)
+plugins.on_change.append(_SUPPORTED.clear)
+
+
+def _check_dtype(device: str, dtype: DType) -> None:
+    """Raise TypeError unless `device` supports `dtype` (for a vector dtype: its scalar type); remember a yes."""
+    if (claimed := _DEVICE_DTYPES.get(device)) is None:
+        claimed = _DEVICE_DTYPES[device] = frozenset(Device[device].spec.dtypes)
+    if dtype.scalar() not in claimed:
+        supported = ", ".join(d.short_name for d in sorted(claimed))
+        raise TypeError(
+            f"device {device} does not support {dtype}; it supports {supported}: cast first, or use another device"
+        )
+    known = _SUPPORTED.setdefault(device, {})
+    if len(known) >= 256:  # vec() makes a new DType object per call
+        known.clear()
+    known[id(dtype)] = dtype
+
+
+# constants broadcast to a shape, by (value, its type, dtype name, device, shape): `x + 1` in a loop makes its constant
+# operand once. A constant is pure, so one node may be read by any number of graphs; the entry is replaced once its
+# base gets realized (reading a realized buffer gives the same values, but it is no longer a constant to fold). 0-d
+# constants are not kept: they are bases a tensor can hold directly (and assign into).
+_CONSTS: dict[tuple[Any, ...], LazyBuffer] = {}
+_CONSTS_SIZE = 1024
+plugins.on_change.append(_CONSTS.clear)
 
 
 def _max_size(size: sint) -> int:

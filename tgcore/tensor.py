@@ -184,6 +184,8 @@ class Tensor:
     # ***** realization *****
 
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list[ScheduleItem], dict[Variable, int]]:
+        if not lst and type(self.lazydata) is LazyBuffer:  # one tensor on one device: the common case
+            return create_schedule_with_vars([self.lazydata])
         lbs = [
             lb
             for x in (self, *lst)
@@ -1500,7 +1502,8 @@ class Tensor:
                 raise TypeError(f"cannot combine a Tensor with {type(y).__name__}")
             if isinstance(y, float) and x_dtype not in dtypes._float_set:
                 y_dtype = dtypes.default_float
-            elif x_dtype == dtypes.bool and isinstance(y, int) and not isinstance(y, bool):
+            # (the name first: a str compare costs no Python call, DType.__eq__ does)
+            elif x_dtype.name == "bool" and x_dtype == dtypes.bool and isinstance(y, int) and not isinstance(y, bool):
                 y_dtype = dtypes.default_int
             else:
                 y_dtype = x_dtype
