@@ -1,6 +1,8 @@
 """The scheduler's fusion: how many kernels a graph becomes, and that fusing never changes the result."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -251,3 +253,107 @@ def test_long_rows_are_reduced_in_two_stages_but_contractions_are_not() -> None:
     mm = Tensor(x_np) @ Tensor(w_np)  # a reduce over broadcast operands stays one (tiled) kernel
     assert store_items(mm) == 1
     np.testing.assert_allclose(mm.numpy(), x_np @ w_np, rtol=1e-4, atol=1e-3)
+
+
+# ***** the schedule cache's flat-graph key and the cached constant operands *****
+
+
+def _generic_graph_key(bases: list) -> object:
+    """_graph_key through the generic walk alone."""
+    from tgcore.engine import schedule
+
+    flat = schedule._flat_graph_key
+    schedule._flat_graph_key = lambda b: schedule._NOT_FLAT
+    try:
+        return schedule._graph_key(bases)
+    finally:
+        schedule._flat_graph_key = flat
+
+
+def test_flat_graph_key_is_the_generic_key() -> None:
+    from tgcore.engine import schedule
+
+    x = Tensor(data(16)).realize()
+    y = Tensor(data(4, 4, seed=1)).realize()
+    graphs = [
+        x + 1,
+        x * x,
+        x + x.reshape(4, 4).permute(1, 0).reshape(16),
+        x.reshape(4, 4) + y,
+        x + (-0.0),
+        x + 0.0,
+        x < 3,
+        x.cast(dtypes.int32),
+        Tensor(3.0) + 1,
+        Tensor(2.0),
+        y.T + 1,
+        (x + 1) * 2,  # not flat: an unrealized elementwise source
+        y.sum(1),
+    ]
+    for t in graphs:
+        bases = [t.lazydata.base]
+        flat, generic = schedule._graph_key(bases), _generic_graph_key(bases)
+        assert (flat is None) == (generic is None)
+        if flat is not None:
+            assert flat[0] == generic[0] and flat[1] == generic[1] and flat[2] == generic[2]
+
+
+def test_schedule_cache_hit_on_another_flat_graph_gives_its_numbers() -> None:
+    a_np, b_np = data(16), data(16, seed=1)
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    for _ in range(3):  # the later rounds come from the cache
+        np.testing.assert_allclose((a + 1).numpy(), a_np + 1, rtol=1e-6)
+        np.testing.assert_allclose((b + 1).numpy(), b_np + 1, rtol=1e-6)
+        np.testing.assert_allclose((a + 2).numpy(), a_np + 2, rtol=1e-6)
+        np.testing.assert_allclose((a + b).numpy(), a_np + b_np, rtol=1e-6)
+        np.testing.assert_allclose((b + a).numpy(), b_np + a_np, rtol=1e-6)
+        np.testing.assert_allclose((a - b).numpy(), a_np - b_np, rtol=1e-6)
+        np.testing.assert_allclose((b - a).numpy(), b_np - a_np, rtol=1e-6)
+        np.testing.assert_allclose((a * a).numpy(), a_np * a_np, rtol=1e-6)
+        np.testing.assert_allclose((a + a.flip(0)).numpy(), a_np + a_np[::-1], rtol=1e-6)
+        np.testing.assert_allclose((a.flip(0) + 1).numpy(), a_np[::-1] + 1, rtol=1e-6)
+        assert (a + 1).cast(dtypes.int32).numpy().tolist() == (a_np + 1).astype(np.int32).tolist()
+        assert (a < 0.5).numpy().tolist() == (a_np < 0.5).tolist()
+
+
+def test_a_loop_of_ops_gives_its_numbers_and_frees_its_buffers() -> None:
+    x = Tensor(np.zeros(16, dtype=np.float32)).realize()
+    x = (x + 1).realize()
+    gc.collect()  # what earlier tests left in reference cycles
+    used = GlobalCounters.mem_used
+    for _ in range(200):
+        x = (x + 1).realize()
+    gc.collect()
+    assert GlobalCounters.mem_used == used  # each op's old buffer is freed when its tensor goes
+    assert x.numpy().tolist() == [201.0] * 16
+
+
+def test_cached_constants_tell_apart_values_types_and_dtypes() -> None:
+    f = Tensor(np.array([1.5, -2.0, 0.0], dtype=np.float32)).realize()
+    i = Tensor(np.array([3, -4, 0], dtype=np.int32)).realize()
+    b = Tensor(np.array([True, False, True])).realize()
+    for _ in range(2):
+        assert np.signbit((f * 0.0).numpy()).tolist() == [False, True, False]
+        assert np.signbit((f * -0.0).numpy()).tolist() == [True, False, True]
+        assert (i + 1).numpy().tolist() == [4, -3, 1]
+        assert (i + True).numpy().tolist() == [4, -3, 1]
+        assert (b + True).numpy().tolist() == [True, True, True]
+        assert (b * False).numpy().tolist() == [False, False, False]
+        assert (f + 1).numpy().tolist() == [2.5, -1.0, 1.0]
+        assert (i * 2.5).numpy().tolist() == [7.5, -10.0, 0.0]
+        assert np.isnan((f + float("nan")).numpy()).all()
+        assert (f.reshape(3, 1) + 1).numpy().tolist() == [[2.5], [-1.0], [1.0]]
+        assert (f.cast(dtypes.float16) + 0.1).numpy().tolist() == (
+            np.array([1.5, -2.0, 0.0], np.float16) + np.float16(0.1)
+        ).tolist()
+
+
+def test_a_cached_constant_realized_by_someone_is_not_handed_out_again() -> None:
+    x = Tensor(data(4)).realize()
+    const = x.lazydata.const(7.0)
+    assert x.lazydata.const(7.0) is const  # one node for the same constant at the same shape
+    Tensor(const).realize()  # its base gets a buffer of its own
+    again = x.lazydata.const(7.0)
+    assert again is not const and again.base.realized is None
+    assert Tensor(const).numpy().tolist() == [7.0] * 4
+    np.testing.assert_allclose((x + 7.0).numpy(), x.numpy() + 7.0, rtol=1e-6)

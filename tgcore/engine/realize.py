@@ -40,11 +40,13 @@ class CompiledRunner(Runner):
         self.lib = dev.compiler.compile_cached(p.src)
         self.clprg = dev.runtime(device, p.name, self.lib)
         self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
+        # the common CPU launch: no variables, threads or launch sizes, just the buffers
+        self.plain_launch = not p.variables and p.thread_extent is None and p.global_size is None
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        p = self.p
-        if not p.variables and p.thread_extent is None and p.global_size is None:  # the common CPU launch
+        if self.plain_launch:
             return self.clprg(*[b._opaque for b in bufs], wait=wait)
+        p = self.p
         vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
         if p.thread_extent is not None:
             return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait)
@@ -189,25 +191,29 @@ class ExecItem:
     bufs: list[Buffer]
 
     def run(self, var_vals: Optional[dict[Variable, int]] = None, wait: bool = False) -> Optional[float]:
-        for b in self.bufs:
-            if b._opaque is None:
-                b.allocate()
-        debug = DEBUG.value
-        prg = self.prg
-        et = prg(self.bufs, var_vals or {}, wait=wait or debug >= 2)
-        if isinstance(prg, CompiledRunner):
-            GlobalCounters.kernel_count += 1
-            GlobalCounters.global_ops += prg.op_estimate
-            GlobalCounters.global_mem += prg.mem_estimate
-        if et is not None:
-            GlobalCounters.time_sum_s += et
-        if debug >= 2:
-            t = f"{et * 1e6:9.2f} us" if et is not None else " " * 12
-            print(
-                f"{colored(f'*** {self.bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "
-                f"{self.prg.display_name:40s} {t}  mem {GlobalCounters.mem_used / 1e6:8.2f} MB"
-            )
-        return et
+        return _run(self.prg, self.bufs, var_vals or {}, wait)
+
+
+def _run(prg: Runner, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool) -> Optional[float]:
+    """Run `prg` on `bufs` (allocating the ones that have no memory yet) and count it in GlobalCounters."""
+    for b in bufs:
+        if b._opaque is None:
+            b.allocate()
+    debug = DEBUG.value
+    et = prg(bufs, var_vals, wait=wait or debug >= 2)
+    if isinstance(prg, CompiledRunner):
+        GlobalCounters.kernel_count += 1
+        GlobalCounters.global_ops += prg.op_estimate
+        GlobalCounters.global_mem += prg.mem_estimate
+    if et is not None:
+        GlobalCounters.time_sum_s += et
+    if debug >= 2:
+        t = f"{et * 1e6:9.2f} us" if et is not None else " " * 12
+        print(
+            f"{colored(f'*** {bufs[0].device:7s} {GlobalCounters.kernel_count:4d}', 'green')} "
+            f"{prg.display_name:40s} {t}  mem {GlobalCounters.mem_used / 1e6:8.2f} MB"
+        )
+    return et
 
 
 def lower_schedule_item(si: Any) -> ExecItem:
@@ -226,12 +232,17 @@ def lower_schedule_item(si: Any) -> ExecItem:
 
 def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = None) -> None:
     """Run every item in order, then mark its outputs realized."""
+    vals = var_vals or {}
     for si in schedule:
-        ei = lower_schedule_item(si)
-        capturing = _capturing[-1] if _capturing else None
-        ei.run(var_vals)
-        if capturing is not None:
-            capturing(ei, var_vals or {})
+        if _capturing:  # TinyJit records the ExecItem
+            ei = lower_schedule_item(si)
+            capturing = _capturing[-1]
+            ei.run(vals)
+            capturing(ei, vals)
+        elif si.ast.op is BufferOps.STORE:  # a kernel: launched without an ExecItem (what lower_schedule_item does)
+            _run(get_runner(si.outputs[0].device, si.ast), [*si.bufs], vals, False)
+        else:
+            lower_schedule_item(si).run(vals)
         for out in si.outputs:
             out.realized = out.buffer
             out.srcs = ()

@@ -14,6 +14,7 @@ Fusion rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Optional
 
 from tgcore.lazy import LazyBuffer
@@ -56,7 +57,10 @@ class ScheduleItem:
 
     @property
     def bufs(self) -> tuple[Any, ...]:
-        return tuple([x.buffer for x in self.outputs] + [x.base.buffer for x in self.inputs])
+        return (*map(_buffer, self.outputs), *map(_base_buffer, self.inputs))  # map: no comprehension frames
+
+
+_buffer, _base_buffer = attrgetter("buffer"), attrgetter("base.buffer")
 
 
 def _broadcasts(st: ShapeTracker, base_size: Any) -> bool:
@@ -216,8 +220,9 @@ class _KernelBuilder:
 
 def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     """The ordered kernels that realize `outs`, and the values of the symbolic variables they use."""
-    if len(outs) == 1:  # the common case, without the dedup
-        bases = [outs[0].base] if outs[0].base.realized is None else []
+    if len(outs) == 1:  # the common case, without the dedup (`x._base or x` is x.base without the property call)
+        base = outs[0]._base or outs[0]
+        bases = [base] if base.realized is None else []
     else:
         bases = list(dict.fromkeys(x.base for x in outs if x.base.realized is None))
     if not bases:
@@ -240,8 +245,9 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 # the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure
 _CACHEABLE = (UnaryOps, BinaryOps, TernaryOps, ReduceOps)
 _SCHEDULE_CACHE_SIZE = 4096
-# a template: per kernel, (ast, index of its output among the graph's nodes, where each input comes from)
-_Template = list[tuple[LazyOp, int, tuple[tuple[bool, int], ...]]]
+# a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
+# its leaves (the realized buffers it reads)
+_Template = list[tuple[LazyOp, int, tuple[int, ...]]]
 _schedule_cache: dict[tuple[Any, ...], _Template] = {}
 
 
@@ -252,6 +258,8 @@ def _graph_key(
     they run on), with the graph's unrealized bases and realized buffers in the order the key numbers them; None
     for a graph the cache does not take (symbolic shapes, assigns, copies, custom ops). A graph whose views hold
     bound Variables gets a key, but its schedule has var_vals and is never stored."""
+    if len(bases) == 1 and (flat := _flat_graph_key(bases[0])) is not _NOT_FLAT:
+        return flat
     nodes: dict[LazyBuffer, int] = {}
     leaves: dict[LazyBuffer, int] = {}
     parts: list[Any] = []
@@ -284,37 +292,69 @@ def _graph_key(
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
-        # floats by their bits (0.0 and -0.0 differ, a NaN equals itself); True and 1 differ by type
-        arg_key = (float, arg.hex()) if type(arg) is float else (type(arg), arg)
+        # a float by its value, and 0.0, -0.0 and NaN by their bits (the zeros differ, a NaN equals itself); True and 1
+        # differ by type
+        arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
         parts.append((op, arg_key, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
 
+_NOT_FLAT: Any = object()
+
+
+def _flat_graph_key(b: LazyBuffer) -> Any:
+    """_graph_key of the graph of one base whose sources are realized buffers and constants (an op on a tensor and
+    a number, in a loop): the same key, nodes and leaves the generic walk makes, built without its stack; _NOT_FLAT
+    for any other graph. The constants are numbered first, in the order b reads them, then b: the walk's post-order."""
+    const = LoadOps.CONST
+    nodes: dict[LazyBuffer, int] = {}
+    leaves: dict[LazyBuffer, int] = {}
+    parts: list[Any] = []
+    srcs: list[tuple[Any, ...]] = []
+    for s in b.srcs:
+        sb = s._base or s
+        st = s.st if s is not sb else None
+        if sb.realized is not None:
+            srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype.name, sb.device, sb.shape, st))
+            continue
+        if sb.op is not const or sb.srcs:
+            return _NOT_FLAT
+        if (index := nodes.get(sb)) is None:
+            arg = sb.arg
+            if isinstance(arg, Node) or not _plain_ints(sb.shape):
+                return None
+            index = nodes[sb] = len(nodes)
+            arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
+            parts.append((const, arg_key, sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
+        srcs.append((True, index, st))
+    op, arg = b.op, b.arg
+    if not (isinstance(op, _CACHEABLE) or op is const or op is LoadOps.CONTIGUOUS):
+        return None
+    if isinstance(arg, Node) or not _plain_ints(b.shape):
+        return None
+    nodes[b] = index = len(nodes)
+    arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
+    parts.append((op, arg_key, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+    return (tuple(parts), (index,)), list(nodes), list(leaves)
+
+
 def _template(schedule: list[ScheduleItem], nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> Optional[_Template]:
-    node_index = {b: i for i, b in enumerate(nodes)}
-    leaf_index = {b: i for i, b in enumerate(leaves)}
+    index = {b: i for i, b in enumerate(nodes + leaves)}
     out: _Template = []
     for si in schedule:
-        if len(si.outputs) != 1 or si.outputs[0] not in node_index or si.var_vals:
+        if len(si.outputs) != 1 or index.get(si.outputs[0], len(nodes)) >= len(nodes) or si.var_vals:
             return None
-        refs = []
-        for x in si.inputs:
-            if x in node_index:
-                refs.append((True, node_index[x]))
-            elif x in leaf_index:
-                refs.append((False, leaf_index[x]))
-            else:
-                return None
-        out.append((si.ast, node_index[si.outputs[0]], tuple(refs)))
+        if any(x not in index for x in si.inputs):
+            return None
+        out.append((si.ast, index[si.outputs[0]], tuple(index[x] for x in si.inputs)))
     return out
 
 
 def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> list[ScheduleItem]:
-    return [
-        ScheduleItem(ast, (nodes[out],), tuple(nodes[i] if is_node else leaves[i] for is_node, i in refs))
-        for ast, out, refs in template
-    ]
+    every = nodes + leaves
+    pick = every.__getitem__
+    return [ScheduleItem(ast, (every[out],), tuple(map(pick, refs)), {}) for ast, out, refs in template]
 
 
 def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
