@@ -184,18 +184,21 @@ class Buffer:
             if not hasattr(allocator, "offset"):
                 raise NotImplementedError(f"device {self.device} cannot make buffer views: its allocator has no offset")
             self._opaque = allocator.offset(self.base._opaque, self.nbytes, self.offset)
+        elif opaque is not None:
+            self._opaque = opaque
         else:
-            self._opaque = opaque if opaque is not None else allocator.alloc(self.nbytes, self.options)
-            if opaque is None:
-                GlobalCounters.mem_used += self.nbytes
+            nbytes = self.size * self.dtype.itemsize  # (self.nbytes without the property call: once per op)
+            self._opaque = allocator.alloc(nbytes, self.options)
+            GlobalCounters.mem_used += nbytes
         return self
 
     def __del__(self) -> None:
         if getattr(self, "_opaque", None) is None or self.base is not None:
             return
         try:
-            GlobalCounters.mem_used -= self.nbytes
-            self._allocator.free(self._opaque, self.nbytes, self.options)
+            nbytes = self.size * self.dtype.itemsize
+            GlobalCounters.mem_used -= nbytes
+            self._allocator.free(self._opaque, nbytes, self.options)
         except Exception:  # interpreter shutdown: the memory goes with the process
             pass
 

@@ -196,7 +196,9 @@ class LazyBuffer:
                 .reshape((1,) * len(self.shape))
                 .expand(self.shape)
             )
-        return LazyBuffer(device, ShapeTracker.from_shape(shape), out_dtype, op, arg, srcs)
+        # a base's tracker is the contiguous one of its shape: reused, not looked up again
+        st = self.st if self._base is None else ShapeTracker.from_shape(shape)
+        return LazyBuffer(device, st, out_dtype, op, arg, srcs)
 
     def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
         """Reduce over `axis`, keeping those axes with size 1."""
