@@ -242,8 +242,9 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 
 # ***** the schedule cache: a graph that repeats (an op in a loop, a training step) is scheduled once *****
 
-# the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure
-_CACHEABLE = (UnaryOps, BinaryOps, TernaryOps, ReduceOps)
+# the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure (a set: ops
+# hash by identity, in C)
+_CACHEABLE = frozenset((*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, LoadOps.CONST, LoadOps.CONTIGUOUS))
 _SCHEDULE_CACHE_SIZE = 4096
 # a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
 # its leaves (the realized buffers it reads)
@@ -279,7 +280,7 @@ def _graph_key(
                     stack.append((sb, False))
             continue
         op, arg = b.op, b.arg
-        if not (isinstance(op, _CACHEABLE) or op is LoadOps.CONST or op is LoadOps.CONTIGUOUS):
+        if op not in _CACHEABLE:
             return None
         if isinstance(arg, Node) or not _plain_ints(b.shape):
             return None
@@ -329,7 +330,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
             parts.append((const, arg_key, sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
         srcs.append((True, index, st))
     op, arg = b.op, b.arg
-    if not (isinstance(op, _CACHEABLE) or op is const or op is LoadOps.CONTIGUOUS):
+    if op not in _CACHEABLE:
         return None
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
