@@ -1,13 +1,15 @@
-"""The linearizer's choices that depend on what a Renderer declares (here: fused_mulacc)."""
+"""The linearizer's choices that depend on what a Renderer declares: fused_mulacc, and shared memory (STAGE)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tgcore import Tensor, dtypes
-from tgcore.codegen.kernel import Kernel
+from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.engine.realize import get_kernel
+from tgcore.device import Buffer
+from tgcore.engine.realize import CompiledRunner, get_kernel, run_schedule
 from tgcore.ops import BinaryOps, TernaryOps
 from tgcore.runtime.python import PythonRenderer
 
@@ -45,3 +47,95 @@ def test_a_fused_renderer_accumulates_products_with_mulacc() -> None:
     ints = Tensor(np.arange(96, dtype=np.int32).reshape(8, 12)) @ Tensor(np.ones((12, 4), np.int32))
     assert TernaryOps.MULACC not in [u.arg for u in _uops(ints, True) if u.op is UOps.ALU]
     assert TernaryOps.MULACC in _value_ops(_uops(a.cast(dtypes.float64) @ b.cast(dtypes.float64), True))
+
+
+# ***** STAGE: inputs read through a workgroup's shared memory *****
+
+
+class WorkgroupRenderer(PythonRenderer):
+    """PYTHON with workgroups and shared memory (the interpreter runs them; the built-in renderer declares none)."""
+
+    has_local = True
+    has_shared = True
+    local_max = (64, 64, 64)
+    shared_max = 8192
+
+
+def _run(si, k: Kernel) -> np.ndarray:  # type: ignore[no-untyped-def]
+    out = si.outputs[0]
+    dest = Buffer("PYTHON", out.size, out.dtype).allocate()
+    CompiledRunner("PYTHON", k.to_program())([dest] + [x.base.buffer.allocate() for x in si.inputs], si.var_vals)
+    return dest.numpy()
+
+
+def _last_item(t: Tensor):  # type: ignore[no-untyped-def]
+    schedule = t.schedule()
+    run_schedule(schedule[:-1])
+    return schedule[-1]
+
+
+def _staged(si, opts: list[Opt]) -> tuple[np.ndarray, np.ndarray, Kernel]:  # type: ignore[no-untyped-def]
+    k = Kernel(si.ast, WorkgroupRenderer())
+    k.apply_opts(opts)
+    return _run(si, k), _run(si, Kernel(si.ast, WorkgroupRenderer())), k
+
+
+def test_stage_copies_inputs_into_shared_memory_and_keeps_results() -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((32, 8)).astype(np.float32)
+    si = _last_item(Tensor(a, device="PYTHON") @ Tensor(b, device="PYTHON"))
+    local = [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 4)]  # -> (4, 2, 4, 4, 32): reduce loop at axis 4
+    for opts in (
+        [*local, Opt(OptOps.SPLIT, 4, 8), Opt(OptOps.STAGE, 0, 0), Opt(OptOps.STAGE, 1, 0)],
+        [
+            Opt(OptOps.UPCAST, 1, 2),
+            Opt(OptOps.UPCAST, 0, 2),
+            Opt(OptOps.UNROLL, 0, 4),
+            *local,  # -> (2, 4, 4, 8, 4, 2, 2): the reduce loop is axis 3, then the upcast and unrolled lanes
+            Opt(OptOps.SPLIT, 3, 4),
+            Opt(OptOps.STAGE, 1, 0),
+            Opt(OptOps.STAGE, 0, 0),
+        ],
+        [*local, Opt(OptOps.STAGE, 0, 0)],  # the whole reduce axis at once
+    ):
+        got, plain, k = _staged(si, opts)
+        assert np.array_equal(got, plain), opts  # the same bits as the unoptimized kernel
+        np.testing.assert_allclose(got.reshape(16, 8), a @ b, rtol=1e-5, atol=1e-5)
+        uops = k.to_program().uops
+        assert sum(u.op is UOps.DEFINE_LOCAL for u in uops) == len(k.staged) and any(u.op is UOps.BARRIER for u in uops)
+
+
+def test_stage_of_a_padded_input_copies_zeros_for_the_padding() -> None:
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    si = _last_item(Tensor(x, device="PYTHON").conv2d(Tensor(w, device="PYTHON"), padding=1))
+    k = Kernel(si.ast, WorkgroupRenderer())
+    k.hand_coded_optimizations()
+    assert OptOps.STAGE in {o.op for o in k.applied_opts}  # shared memory is fast here: the heuristics stage
+    got, plain = _run(si, k), _run(si, Kernel(si.ast, WorkgroupRenderer()))
+    assert np.array_equal(got, plain)
+    ref = Tensor(x, device="PYTHON").conv2d(Tensor(w, device="PYTHON"), padding=1).numpy()
+    np.testing.assert_array_equal(got.reshape(ref.shape), ref)
+
+
+def test_stage_is_refused_where_it_cannot_apply() -> None:
+    a, b = Tensor(np.ones((16, 32), np.float32), device="PYTHON"), Tensor(np.ones((32, 8), np.float32), device="PYTHON")
+    ast = (a @ b).schedule()[-1].ast
+
+    def refused(renderer: PythonRenderer, opts: list[Opt], why: str) -> None:
+        k = Kernel(ast, renderer)
+        k.apply_opts(opts[:-1])
+        before = (k.full_shape, list(k.applied_opts), k.staged)
+        with pytest.raises(KernelOptError, match=why):
+            k.apply_opt(opts[-1])
+        assert (k.full_shape, k.applied_opts, k.staged) == before
+
+    local = [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 4)]
+    refused(PythonRenderer(), [Opt(OptOps.STAGE, 0, 0)], "no shared memory")
+    refused(WorkgroupRenderer(), [Opt(OptOps.STAGE, 0, 0)], "needs a workgroup")
+    refused(WorkgroupRenderer(), [*local, Opt(OptOps.STAGE, 2, 0)], "not an input")
+    refused(WorkgroupRenderer(), [Opt(OptOps.LOCAL, 1, 4), Opt(OptOps.STAGE, 1, 0)], "reuses")  # b varies along j
+    refused(WorkgroupRenderer(), [*local, Opt(OptOps.STAGE, 0, 0), Opt(OptOps.STAGE, 0, 0)], "staged already")
+    refused(WorkgroupRenderer(), [*local, Opt(OptOps.STAGE, 0, 0), Opt(OptOps.UPCAST, 0, 2)], "only STAGE")
+    small = type("SmallShared", (WorkgroupRenderer,), {"shared_max": 256})()
+    refused(small, [*local, Opt(OptOps.STAGE, 0, 0)], "shared memory is too much")

@@ -27,7 +27,7 @@ from tgcore.helpers import prod, to_function_name
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.shapetracker import ShapeTracker
-from tgcore.shape.symbolic import sint
+from tgcore.shape.symbolic import NumNode, Variable, sint
 
 # the most lanes one loop iteration may carry: global upcasts, and everything (unrolled reduce lanes included)
 MAX_UPCAST = 256
@@ -38,6 +38,8 @@ MAX_LANES = 1024
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
 MAX_GROUP = 128  # work items in a workgroup the heuristics make
+MAX_STAGE_COPIES = 32  # elements each work item copies into shared memory for one STAGE
+STAGE_REDUCE = 16  # reduce steps per shared-memory tile the heuristics stage
 PANEL_TILES = 4
 
 
@@ -68,6 +70,10 @@ class OptOps(Enum):
     # axis, amount: the last `axis` global loops run inside the first `amount` reduce loops, accumulating in the
     # output buffer (CPU loops only, for a kernel that stores its reduce unchanged); the last optimization applied
     HOIST = auto()
+    # axis: an input (its index among the kernel's loads): before each run of the innermost reduce loop, the
+    # workgroup copies what that loop reads of it into shared memory, and the loop reads it from there (devices with
+    # shared memory; the input must be reused across a local axis); only STAGEs may follow
+    STAGE = auto()
 
 
 @dataclass(frozen=True, order=True)
@@ -122,6 +128,7 @@ class Kernel:
         self.local_dims = 0  # global axes launched as workgroup indices
         self.inner_globals = 0  # HOIST: global loops nested inside the first `outer_reduces` reduce loops
         self.outer_reduces = 0
+        self.staged: tuple[LazyOp, ...] = ()  # STAGE: the loads read through shared memory
         self.applied_opts: list[Opt] = []
         self._reduce_last()
         self._merge_axes()
@@ -225,8 +232,12 @@ class Kernel:
         """Apply one optimization; KernelOptError (and no change) when it does not apply."""
         _check(opt.amount >= 0, f"{opt}: the amount must be >= 0")
         _check(not self.inner_globals, f"{opt}: no optimization after HOIST")
+        _check(not self.staged or opt.op is OptOps.STAGE, f"{opt}: only STAGE may follow STAGE")
         if opt.op is OptOps.HOIST:
             self._hoist(opt)
+            return
+        if opt.op is OptOps.STAGE:
+            self._stage(opt)
             return
         if opt.op is OptOps.SWAP:
             n_global = self.first_reduce - self.local_dims
@@ -304,6 +315,38 @@ class Kernel:
         self.inner_globals, self.outer_reduces = opt.axis, opt.amount
         self.applied_opts.append(opt)
 
+    def stage_axes(self, leaf: LazyOp) -> list[int]:
+        """The axes a STAGE of `leaf` copies: the local axes, the innermost reduce loop and the upcast axes that the
+        leaf's index or validity depends on (the others only repeat the same elements)."""
+        candidates = [*range(self.first_reduce - self.local_dims, self.first_reduce), self.first_upcast - 1]
+        candidates += list(range(self.first_upcast, self.shape_len))
+        idxs = [Variable(f"_stage{a}", 0, _int(s) - 1) if s != 1 else NumNode(0) for a, s in enumerate(self.full_shape)]
+        idx, valid = self.sts[leaf].expr_idxs(idxs)
+        used = {v.expr for v in idx.vars()} | {v.expr for v in valid.vars()}
+        return [a for a in candidates if f"_stage{a}" in used]
+
+    def stage_size(self, leaf: LazyOp) -> int:
+        """Elements a STAGE of `leaf` copies."""
+        return prod(_int(self.full_shape[a]) for a in self.stage_axes(leaf))
+
+    def _stage(self, opt: Opt) -> None:
+        _check(self.opts.has_shared and self.opts.global_max is not None, f"{opt}: the device has no shared memory")
+        _check(self.local_dims > 0 and self.n_reduce > 0, f"{opt}: needs a workgroup and a reduce loop")
+        loads = self.loads()
+        _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
+        leaf = loads[opt.axis]
+        _check(leaf not in self.staged, f"{opt}: that input is staged already")
+        local_axes = range(self.first_reduce - self.local_dims, self.first_reduce)
+        axes = self.stage_axes(leaf)
+        _check(any(a not in axes for a in local_axes), f"{opt}: no work item reuses what another loads")
+        group = prod(_int(self.full_shape[a]) for a in local_axes)
+        tile = self.stage_size(leaf)
+        _check(-(-tile // group) <= MAX_STAGE_COPIES, f"{opt}: {tile} elements are too many for {group} work items")
+        nbytes = [self.stage_size(x) * x.arg.dtype.itemsize for x in (*self.staged, leaf)]
+        _check(sum(nbytes) <= self.opts.shared_max, f"{opt}: {sum(nbytes)} bytes of shared memory is too much")
+        self.staged = (*self.staged, leaf)
+        self.applied_opts.append(opt)
+
     def apply_opts(self, opts: list[Opt]) -> None:
         for opt in opts:
             self.apply_opt(opt)
@@ -320,10 +363,10 @@ class Kernel:
 
     # ***** heuristics *****
 
-    def _loads(self) -> list[LazyOp]:
+    def loads(self) -> list[LazyOp]:
         return [x for x in self.leaves if x.op is BufferOps.LOAD]
 
-    def _stride(self, leaf: LazyOp, axis: int) -> Optional[sint]:
+    def stride_of(self, leaf: LazyOp, axis: int) -> Optional[sint]:
         """The buffer stride of `leaf` along `axis` (0 when broadcast), None when it is not a plain stride."""
         st = self.sts[leaf]
         if st.shape[axis] == 1:
@@ -348,21 +391,23 @@ class Kernel:
             self._optimize_elementwise(globals_, vw)
         if self.opts.has_local and self.opts.global_max is not None:
             self._optimize_locals()
+            if self.opts.has_shared and getattr(self.opts, "shared_is_fast", True) and self.reduceops:
+                self._optimize_stage()
 
     def _divisor(self, size: int, choices: tuple[int, ...]) -> int:
         return next((c for c in choices if size % c == 0 and c <= size), 0)
 
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
-        loads = self._loads()
+        loads = self.loads()
         # a matmul-like reduce: global axes along which some input is broadcast (each output of the tile reuses
         # the loads of the others); the one contiguous in another input becomes the vector axis
-        broadcast = [a for a in globals_ if any(self._stride(ld, a) == 0 for ld in loads)]
-        contiguous = [a for a in globals_ if any(self._stride(ld, a) == 1 for ld in loads)]
+        broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
+        contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
             col, col_amount = self._tile_column(broadcast, contiguous, vw)
 
             def broadcast_in(axis: int) -> set[int]:
-                return {i for i, ld in enumerate(loads) if self._stride(ld, axis) == 0}
+                return {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0}
 
             # the rows reuse what the columns load: an axis along which the other inputs are broadcast
             rows = [a for a in broadcast if a != col and broadcast_in(a) != broadcast_in(col)]
@@ -387,7 +432,7 @@ class Kernel:
         elif (
             contiguous
             and self.n_reduce
-            and not any(self._stride(ld, self.first_reduce + self.n_reduce - 1) == 1 for ld in loads)
+            and not any(self.stride_of(ld, self.first_reduce + self.n_reduce - 1) == 1 for ld in loads)
         ):
             # the reduce walks across rows: take a whole vector of neighbouring outputs at once
             col = contiguous[-1]
@@ -415,7 +460,7 @@ class Kernel:
             # no contiguous axis holds a vector: gather one along the axis with the smallest stride
             fits = [a for a in broadcast if _int(self.full_shape[a]) % vw == 0]
             if fits:
-                strides = {a: [self._stride(ld, a) for ld in self._loads()] for a in fits}
+                strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}
                 return min(fits, key=lambda a: max(s if isinstance(s, int) else 1 << 62 for s in strides[a])), vw
         cols = [a for a in broadcast if a in contiguous]
         col = cols[-1] if cols else broadcast[-1]
@@ -456,7 +501,7 @@ class Kernel:
         if getattr(self.opts, "vector_uops", False) and any(x.op not in lanes_ok for x in alu):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
-        contiguous = [a for a in globals_ if self._stride(out, a) == 1]
+        contiguous = [a for a in globals_ if self.stride_of(out, a) == 1]
         if contiguous:
             amount = self._divisor(_int(self.full_shape[contiguous[-1]]), (vw, 4, 2))
             if amount:
@@ -474,6 +519,23 @@ class Kernel:
             amount = self._divisor(size, tuple(c for c in (32, 16, 8, 4, 2) if c <= budget and c * 2 <= size))
             if amount and self._try(Opt(OptOps.LOCAL, axis, amount)):
                 budget //= amount
+
+    def _optimize_stage(self) -> None:
+        """Inputs that several work items of a workgroup read (a matmul's rows and columns) go through shared
+        memory, up to STAGE_REDUCE reduce steps at a time (fewer when that lets more inputs fit): each element is
+        loaded from device memory once per workgroup instead of once per work item."""
+        if not self.local_dims or not self.n_reduce:
+            return
+        start, best, best_staged = self.copy(), None, 0
+        size = _int(self.full_shape[self.first_upcast - 1])
+        for amount in [a for a in (STAGE_REDUCE, 8, 4, 2) if a < size and size % a == 0] or [size]:
+            self.__dict__.update(start.copy().__dict__)
+            if amount < size and not self._try(Opt(OptOps.SPLIT, self.first_upcast - 1, amount)):
+                continue
+            staged = sum(self._try(Opt(OptOps.STAGE, i, 0)) for i in range(len(self.loads())))
+            if staged > best_staged:
+                best, best_staged = self.copy(), staged
+        self.__dict__.update((best or start).__dict__)
 
     # ***** output *****
 

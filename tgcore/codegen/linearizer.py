@@ -48,6 +48,9 @@ class Linearizer:
         self.thread_extent: Optional[int] = None
         self.op_estimate = 0
         self.mem_estimate = 0
+        # STAGE: each staged input's shared-memory tile and its (axis, stride) pairs; set while lowering the reduce
+        self.stages: dict[LazyOp, tuple[UOp, list[tuple[int, int]]]] = {}
+        self.staging = False
 
     # ***** emission *****
 
@@ -382,6 +385,8 @@ class Linearizer:
 
     def _lower_group(self, op: LazyOp, g: int) -> Value:
         dt = op.arg.dtype
+        if self.staging and op in self.stages:
+            return tuple(self._staged_load(op, lane) for lane in self._group_lanes(g))
         if op.op is not BufferOps.CONST and self._vectorizable(dt) and (idx := self._contiguous(op, g)) is not None:
             return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], self.node(idx)))
         lane_combo, combos = self.index_nodes(op)
@@ -428,9 +433,14 @@ class Linearizer:
             for key, groups in groups_of.items():
                 loaded = self._lower_group(k.ast, groups[0])
                 accs[key] = self._phi(accs[key], self._vector(loaded) if vector else self._scalars(loaded))
-        loops = self._open_loops(list(range(k.first_reduce + k.outer_reduces, k.first_upcast)), True)
+        loops = self._open_loops(list(range(k.first_reduce + k.outer_reduces, k.first_upcast - bool(k.staged))), True)
+        if k.staged:  # the workgroup copies what the innermost loop reads of the staged inputs, then runs it
+            self._stage_inputs()
+            loops += self._open_loops([k.first_upcast - 1], True)
         self.ast_caches.append({})
+        self.staging = bool(k.staged)
         vals = self.lower(op.src[0])
+        self.staging = False
         self.ast_caches.pop()
         # each accumulator adds its unrolled lanes in index order: the order of the loop they replace
         current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
@@ -458,7 +468,54 @@ class Linearizer:
                     )
         for r in reversed(loops):
             self.close_range(r)
+            if k.staged and r is loops[-1]:  # every work item is done with the tiles before they are copied again
+                self.uop(UOps.BARRIER, None, (), cse=False)
         return [self._acc(accs[key]) for g in range(self.n_groups) for key in [self._group_key(g)]]
+
+    def _stage_inputs(self) -> None:
+        """STAGE: each staged input's tile (what the innermost reduce loop reads of it, over the workgroup) is copied
+        into shared memory, every work item taking an equal share, then a BARRIER. Invalid elements are copied as 0,
+        so reads of the tile are never gated."""
+        k = self.k
+        local_axes = list(range(k.first_reduce - k.local_dims, k.first_reduce))
+        flat: Node = NumNode(0)
+        for a in local_axes:  # the work item's position in its workgroup, the last local axis fastest
+            flat = flat * _size(k.full_shape[a]) + self.axis_vars[a]
+        group = prod([_size(k.full_shape[a]) for a in local_axes])
+        fixed = {*range(k.first_reduce - k.local_dims), *range(k.first_reduce, k.first_upcast - 1)}
+        for n, leaf in enumerate(k.staged):
+            axes = k.stage_axes(leaf)
+            sizes = [_size(k.full_shape[a]) for a in axes]
+            strides = [prod(sizes[i + 1 :]) for i in range(len(sizes))]
+            buf = UOp(UOps.DEFINE_LOCAL, PtrDType.of(leaf.arg.dtype), (), (f"stage{n}", prod(sizes)))
+            self.header.append(buf)  # shared memory is declared at the kernel's top (OpenCL requires it)
+            self.stages[leaf] = (buf, list(zip(axes, strides)))
+            # neighbouring work items copy neighbouring elements of the input: its smallest stride varies fastest
+            order = sorted(range(len(axes)), key=lambda j: -_stride_or_max(k.stride_of(leaf, axes[j])))
+            total = prod(sizes)
+            for i in range(-(-total // group)):  # the last round's work items past the tile copy nothing
+                e, coords = flat + i * group, {}
+                inside = e < total if (i + 1) * group > total else None
+                for j in reversed(order):
+                    coords[axes[j]], e = e % sizes[j], e // sizes[j]
+                # the other axes: global and outer reduce loops as they are, the ones the input ignores at 0
+                idxs = [coords.get(a, self.axis_vars[a] if a in fixed else NumNode(0)) for a in range(k.shape_len)]
+                idx, valid = k.sts[leaf].expr_idxs(idxs)
+                valid = Node.ands([valid, inside]) if inside is not None else valid
+                always = isinstance(valid, NumNode) and int(valid.b) == 1
+                value = self._lower_leaf(leaf, idx, None if always else valid)
+                at = self.node(Node.sum([coords[a] * st for a, st in zip(axes, strides)]))
+                self.uop(UOps.STORE, None, (buf, at, value) if inside is None else (buf, at, value, self.node(inside)))
+        self.uop(UOps.BARRIER, None, (), cse=False)
+
+    def _staged_load(self, leaf: LazyOp, lane: int) -> UOp:
+        """A lane's element of a staged input, read from its shared-memory tile."""
+        buf, axes = self.stages[leaf]
+        first_upcast = self.k.first_upcast
+        lane_of = self.lanes[lane]
+        coords = [self.axis_vars[a] if a < first_upcast else NumNode(lane_of[a - first_upcast]) for a, _ in axes]
+        idx = Node.sum([c * st for c, (_, st) in zip(coords, axes)])
+        return self.uop(UOps.LOAD, leaf.arg.dtype, (buf, self.node(idx)))
 
     @staticmethod
     def _product(v: Value) -> Optional[tuple[Value, Value]]:
@@ -502,3 +559,13 @@ def _live(uops: list[UOp]) -> list[UOp]:
         keep.append(u)
         read.update(id(s) for s in u.src)
     return keep[::-1]
+
+
+def _size(s: sint) -> int:
+    assert isinstance(s, int), f"expected a concrete size, got {s}"
+    return s
+
+
+def _stride_or_max(stride: Optional[sint]) -> int:
+    """A buffer stride for ordering accesses: an unknown or symbolic one sorts as the largest."""
+    return stride if isinstance(stride, int) else 1 << 62

@@ -43,12 +43,17 @@ def actions(k: Kernel) -> list[Opt]:
     """Every single Opt worth trying on `k` next (some may not apply; apply_opt tells)."""
     if k.inner_globals:
         return []
+    stage = [Opt(OptOps.STAGE, i, 0) for i in range(len(k.loads()))] if k.opts.has_shared and k.local_dims else []
+    if k.staged:
+        return stage  # only STAGE may follow STAGE
     n_global = k.first_reduce - k.local_dims
     out = [Opt(OptOps.UPCAST, a, n) for a in range(n_global) for n in _UPCAST_AMOUNTS]
     if k.n_reduce:
         out += [Opt(OptOps.UNROLL, k.n_reduce - 1, n) for n in _UNROLL_AMOUNTS]
     if k.opts.has_local and k.opts.global_max is not None:
         out += [Opt(OptOps.LOCAL, a, n) for a in range(n_global) for n in _LOCAL_AMOUNTS]
+        out += [Opt(OptOps.SPLIT, a, n) for a in range(k.first_reduce, k.first_upcast) for n in (4, 8, 16)]
+        out += stage
     if k.opts.global_max is None:
         out += [Opt(OptOps.SWAP, a, b) for a in range(n_global) for b in range(a + 1, n_global)]
         out += [Opt(OptOps.SPLIT, a, n) for a in range(k.first_upcast) for n in _SPLIT_AMOUNTS]

@@ -20,6 +20,9 @@ class Renderer:
     has_local: bool = False  # workgroups with local ids
     has_shared: bool = False  # DEFINE_LOCAL memory and BARRIER
     shared_max: int = 0  # bytes of shared memory per workgroup
+    # shared memory is on-chip, faster than device memory: the optimizer's heuristics stage a workgroup's common
+    # inputs through it (OptOps.STAGE); where it is ordinary memory (a CPU's OpenCL), staging only adds copies
+    shared_is_fast: bool = True
     supports_float4: bool = False  # vector loads and stores of 4 elements
     tensor_cores: list[Any] = []
     # elements of each dtype that one vector register holds: the optimizer upcasts contiguous axes to this width

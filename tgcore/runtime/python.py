@@ -2,7 +2,9 @@
 
 Its renderer serializes the UOp list to JSON; its "compiler" returns those bytes; its Program interprets them.
 Global dimensions are launched like a GPU grid (one SPECIAL per dimension) and all grid positions execute at
-once as numpy lanes, so the interpreter is exact (it uses `tgcore.ops.exec_alu`) and fast enough for tests.
+once as numpy lanes, so the interpreter is exact (it uses `tgcore.ops.exec_alu`) and fast enough for tests. It also
+runs workgroups (local SPECIALs, DEFINE_LOCAL shared memory, BARRIER: every work item is a lane, all in step), for a
+Renderer that declares them; its own does not, so plain PYTHON kernels keep one lane per output.
 """
 
 from __future__ import annotations
@@ -105,15 +107,16 @@ class PythonProgram:
     def __call__(
         self,
         *bufs: Any,
-        global_size: tuple[int, ...] = (1, 1, 1),
-        local_size: tuple[int, ...] = (1, 1, 1),
+        global_size: Optional[tuple[int, ...]] = (1, 1, 1),
+        local_size: Optional[tuple[int, ...]] = (1, 1, 1),
         vals: tuple[int, ...] = (),
         wait: bool = False,
     ) -> Optional[float]:
-        lanes = int(np.prod(global_size)) if global_size else 1
-        # lane index -> grid position; dimension 0 varies fastest
-        grid = np.indices(tuple(reversed(global_size)) if global_size else (1,)).reshape(len(global_size or (1,)), -1)
-        grid = grid[::-1]
+        # a lane per work item: workgroup after workgroup, its items in a row; dimension 0 varies fastest in both
+        (grid, n_groups), (local, n_local) = _positions(global_size), _positions(local_size)
+        lanes = n_groups * n_local
+        grid, local = np.repeat(grid, n_local, axis=1), np.tile(local, n_groups)
+        group_of = np.repeat(np.arange(n_groups, dtype=np.int64), n_local)
         values: list[Any] = [None] * len(self.uops)
         var_iter = iter(vals)
         pc = 0
@@ -133,9 +136,10 @@ class PythonProgram:
                 assert dt is not None
                 values[pc] = np.array(arg, dtype=_np_type(dt))
             elif op is UOps.SPECIAL:
-                if not arg[1].startswith("gidx"):
-                    raise NotImplementedError(f"PYTHON has no local dimensions, got {arg[1]}")
-                values[pc] = grid[arg[0]].astype(np.int32)
+                values[pc] = (grid if arg[1].startswith("gidx") else local)[arg[0]].astype(np.int32)
+            elif op is UOps.DEFINE_LOCAL:
+                assert dt is not None
+                values[pc] = _Shared(np.zeros(n_groups * arg[1], _np_type(dt)), group_of * arg[1])
             elif op is UOps.DEFINE_ACC:
                 assert dt is not None
                 values[pc] = np.full((lanes, dt.count) if dt.count > 1 else lanes, arg, dtype=_np_type(dt.scalar()))
@@ -157,6 +161,8 @@ class PythonProgram:
             elif op is UOps.LOAD:
                 assert dt is not None
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
+                if isinstance(buf, _Shared):  # each workgroup's own part of the shared memory
+                    buf, idx = buf.data, buf.base + idx
                 if dt.count > 1:  # consecutive elements from idx
                     values[pc] = buf[idx[:, None] + np.arange(dt.count)]
                 elif len(s) == 4:
@@ -168,6 +174,8 @@ class PythonProgram:
                     values[pc] = buf[idx]
             elif op is UOps.STORE:
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
+                if isinstance(buf, _Shared):
+                    buf, idx = buf.data, buf.base + idx
                 count = self.uops[src[2]][1].count  # type: ignore[union-attr]
                 if count > 1:
                     idx = (idx[:, None] + np.arange(count)).reshape(-1)
@@ -187,13 +195,28 @@ class PythonProgram:
                 values[pc] = _bitcast(np.asarray(s[0]), self.uops[src[0]][1], dt)
             elif op is UOps.PHI:
                 values[src[0]] = values[pc] = np.broadcast_to(s[1], values[src[0]].shape).copy()
-            elif op in (UOps.IF, UOps.ENDIF, UOps.BARRIER):
+            elif op is UOps.BARRIER:
+                pass  # every work item runs each uop before any runs the next: they are always in step
+            elif op in (UOps.IF, UOps.ENDIF):
                 raise NotImplementedError(f"PYTHON does not interpret {op}")
             pc += 1
         return None
 
     def _end_of(self, rng: int) -> int:
         return next(i for i, (op, _, src, _) in enumerate(self.uops) if op is UOps.ENDRANGE and src[0] == rng)
+
+
+def _positions(size: Optional[tuple[int, ...]]) -> tuple[np.ndarray, int]:
+    """Every position in a launch grid of `size` (dims x positions, dimension 0 fastest), and how many."""
+    dims = tuple(size) if size else (1,)
+    return np.indices(tuple(reversed(dims))).reshape(len(dims), -1)[::-1], int(np.prod(dims))
+
+
+class _Shared:
+    """Shared memory (DEFINE_LOCAL): one block per workgroup; `base` is each lane's block offset."""
+
+    def __init__(self, data: np.ndarray, base: np.ndarray) -> None:
+        self.data, self.base = data, base
 
 
 class _BF16View:

@@ -369,3 +369,18 @@ def test_second_device_and_transfers_between_them():
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[:3] == ["OPENCL:1", "OPENCL", "OPENCL:1"]
     assert "[10.0, 30.0, 50.0, 70.0, 90.0, 110.0]" in out.stdout
+
+
+# ***** STAGE: inputs through __local memory (tg-conformance checks the results) *****
+
+
+def test_shared_memory_counts_as_fast_only_where_it_is_on_chip():
+    from tgcore.codegen.kernel import OptOps
+    from tgcore.engine.realize import get_kernel
+
+    renderer = Device[DEV].renderer
+    assert renderer.shared_is_fast == all(i.local_mem_dedicated for i in get_platform().infos)
+    assert OpenCLRenderer().shared_is_fast  # rendering for no particular device: assume a GPU's
+    a, b = Tensor.ones(256, 512, device=DEV), Tensor.ones(512, 256, device=DEV)
+    opts = get_kernel(renderer, (a @ b).schedule()[-1].ast, DEV).applied_opts
+    assert (OptOps.STAGE in {o.op for o in opts}) == renderer.shared_is_fast

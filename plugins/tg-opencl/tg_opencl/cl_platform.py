@@ -33,6 +33,7 @@ class DeviceInfo:
     max_work_group_size: int
     max_work_item_sizes: tuple[int, ...]
     local_mem_size: int  # bytes of __local memory per work-group
+    local_mem_dedicated: bool  # __local memory is on-chip (CL_LOCAL), not a part of global memory (a CPU's)
     mem_base_addr_align: int  # bytes; a sub-buffer must start at a multiple of it
     correctly_rounded_divide_sqrt: bool  # float32 `/` and sqrt can be built to round like IEEE (and numpy)
     profiling: bool  # its queues can time kernels with events
@@ -63,6 +64,7 @@ class DeviceInfo:
             max_work_group_size=int(dev.max_work_group_size),
             max_work_item_sizes=tuple(int(s) for s in dev.max_work_item_sizes),
             local_mem_size=int(dev.local_mem_size),
+            local_mem_dedicated=dev.local_mem_type == cl.device_local_mem_type.LOCAL,
             mem_base_addr_align=max(1, int(dev.mem_base_addr_align) // 8),
             correctly_rounded_divide_sqrt=bool(single_fp & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT),
             profiling=bool(dev.queue_properties & cl.command_queue_properties.PROFILING_ENABLE),

@@ -85,6 +85,8 @@ class OpenCLRenderer(CStyleLanguage):
         self.global_max = (_INT32_MAX,) * len(items)  # indices are int
         self.local_max = tuple(min(s, group) for s in items)
         self.shared_max = shared
+        # staging inputs in __local memory pays where it is on-chip (a GPU's), not where it is global memory (PoCL's)
+        self.shared_is_fast = all(i.local_mem_dedicated for i in infos) if infos else True
         self.fp16 = bool(infos) and all(i.fp16 for i in infos)
         self.fp64 = bool(infos) and all(i.fp64 for i in infos)
 
