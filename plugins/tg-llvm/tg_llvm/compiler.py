@@ -30,6 +30,12 @@ def host_cpu() -> tuple[Any, str, str]:
     return target, binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten()
 
 
+def host_vector_bytes() -> int:
+    """Bytes in one vector register of this CPU: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
+    features = host_cpu()[2].split(",")
+    return 64 if "+avx512f" in features else 32 if "+avx" in features else 16
+
+
 def host_target_machine(opt: int) -> Any:
     """A new target machine for this CPU and its features; jit=True picks a code model MCJIT can load anywhere.
     (Not shared: an MCJIT engine takes ownership of the target machine it is given.)"""

@@ -19,7 +19,8 @@ import struct
 
 import numpy as np
 
-from tgcore.codegen.uops import UOp, UOps
+from tg_llvm.compiler import host_vector_bytes
+from tgcore.codegen.uops import VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, bf16_round, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
@@ -105,9 +106,11 @@ _HELPER_NEEDS: dict[str, tuple[str, ...]] = {"tg_f64_to_f16": ("declare double @
 
 
 def reg_type(dt: DType) -> str:
-    """The LLVM type a value of `dt` has in a register."""
+    """The LLVM type a value of `dt` has in a register (vectors: `<n x float>` and `<n x double>`)."""
     if dt.count != 1:
-        raise NotImplementedError(f"the LLVM renderer has no vector types (supports_float4 is False), got {dt}")
+        if dt.scalar() not in VECTOR_DTYPES:
+            raise NotImplementedError(f"the LLVM renderer has vector types of {VECTOR_DTYPES} only, got {dt}")
+        return f"<{dt.count} x {reg_type(dt.scalar())}>"
     if (t := _REG.get(dt)) is None:
         raise NotImplementedError(f"the LLVM renderer has no type for dtype {dt}")
     return t
@@ -186,7 +189,12 @@ _HELPERS["tg_exp2f"] = _exp2_helper()
 
 
 def render_const(val: ConstType, dt: DType) -> str:
-    """An LLVM literal of type reg_type(dt) for the Python value `val` (wrapped or rounded to `dt`)."""
+    """An LLVM literal of type reg_type(dt) for the Python value `val` (wrapped or rounded to `dt`; a vector: every
+    lane `val`)."""
+    if dt.count > 1:
+        reg_type(dt)  # refuses vectors of anything but float32 / float64
+        lane = f"{reg_type(dt.scalar())} {render_const(val, dt.scalar())}"
+        return f"<{', '.join([lane] * dt.count)}>"
     if dt == dtypes.bool:
         return "true" if val else "false"
     if dtypes.is_int(dt):
@@ -208,7 +216,7 @@ def render_const(val: ConstType, dt: DType) -> str:
 
 
 class LLVMRenderer(Renderer):
-    """UOps -> LLVM IR; global dimensions are loops (a CPU kernel), no vectors, no locals."""
+    """UOps -> LLVM IR; global dimensions are loops (a CPU kernel), float vectors, no locals."""
 
     device = "LLVM"
     global_max = None
@@ -217,6 +225,12 @@ class LLVMRenderer(Renderer):
     supports_float4 = False
     threads = True  # the core splits a big kernel's outermost loop across the host's cores (two more DEFINE_VARs)
     fused_mulacc = True  # float32 / float64 MULACC is llvm.fma: a float SUM of products runs on FMA instructions
+    # vector uops as LLVM vector types, as wide as the host's vector registers: the optimizer's register tiles
+    # (a matmul's, a conv's) become vector code without relying on LLVM's vectorizers
+    vector_uops = True
+
+    def __init__(self) -> None:
+        self.vector_widths = {dt: host_vector_bytes() // dt.itemsize for dt in VECTOR_DTYPES}
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _FunctionWriter(name, uops).render()
@@ -270,7 +284,9 @@ class _FunctionWriter:
 
     def intrinsic(self, fn: str, ty: str, *args: str) -> str:
         self.library_calls += fn in _LIBRARY_CALLS
-        suffix = {"float": "f32", "double": "f64"}[ty]
+        scalar = ty.split(" x ")[-1].rstrip(">")
+        lanes = f"v{ty[1:].split(' x ')[0]}" if ty.startswith("<") else ""
+        suffix = lanes + {"float": "f32", "double": "f64"}[scalar]
         self.declares.add(f"declare {ty} @llvm.{fn}.{suffix}({', '.join([ty] * len(args))})")
         return self.emit(f"call {ty} @llvm.{fn}.{suffix}({', '.join(f'{ty} {a}' for a in args)})")
 
@@ -293,8 +309,8 @@ class _FunctionWriter:
         return x
 
     def load(self, buf: str, idx: str, dt: DType) -> str:
-        ptr = self.emit(f"getelementptr inbounds {mem_type(dt)}, ptr {buf}, i32 {idx}")
-        raw = self.emit(f"load {mem_type(dt)}, ptr {ptr}, align {dt.itemsize}")
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, i32 {idx}")
+        raw = self.emit(f"load {mem_type(dt)}, ptr {ptr}, align {dt.scalar().itemsize}")  # a vector: n from there
         if dt == dtypes.bool:
             return self.emit(f"icmp ne i8 {raw}, 0")
         if dt == dtypes.bfloat16:
@@ -303,13 +319,13 @@ class _FunctionWriter:
         return raw
 
     def store(self, buf: str, idx: str, value: str, dt: DType) -> None:
-        ptr = self.emit(f"getelementptr inbounds {mem_type(dt)}, ptr {buf}, i32 {idx}")
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, i32 {idx}")
         if dt == dtypes.bool:
             value = self.emit(f"zext i1 {value} to i8")
         elif dt == dtypes.bfloat16:  # the register already holds a bfloat16 value: keep its upper half
             high = self.emit(f"lshr i32 {self.emit(f'bitcast float {value} to i32')}, 16")
             value = self.emit(f"trunc i32 {high} to i16")
-        self.line(f"store {mem_type(dt)} {value}, ptr {ptr}, align {dt.itemsize}")
+        self.line(f"store {mem_type(dt)} {value}, ptr {ptr}, align {dt.scalar().itemsize}")
 
     def cast(self, x: str, src: DType, dst: DType) -> str:
         """numpy's astype, on this platform: ints wrap, floats round to nearest even, x != 0 for bool."""
@@ -383,6 +399,15 @@ class _FunctionWriter:
 
     def alu(self, op: Op, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         """The result of `op` (exec_alu's semantics) as a register of the result dtype `dt`."""
+        if dt.count > 1:  # lane by lane: the ops codegen.uops allows on vectors
+            ty = reg_type(dt)
+            if op is TernaryOps.MULACC:
+                return self.intrinsic("fma", ty, *srcs)
+            if op is UnaryOps.NEG:
+                return self.emit(f"fneg {ty} {srcs[0]}")
+            if op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV):
+                return self.emit(f"{_FLOAT_BINARY[op]} {ty} {srcs[0]}, {srcs[1]}")
+            raise NotImplementedError(f"the LLVM renderer has no vector {op}")
         if op is TernaryOps.WHERE:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
             a, b = (self.cast(s, sdt, dt) for s, sdt in zip(srcs[1:], src_dts[1:]))
@@ -500,10 +525,6 @@ class _FunctionWriter:
         ifs: dict[int, str] = {}  # id(IF) -> the label after it
         for u in self.uops:
             dt = u.dtype
-            if dt is not None and dt.count != 1:
-                raise NotImplementedError(
-                    f"the LLVM renderer has no vector types (supports_float4 is False), got {dt} in {u}"
-                )
             if u.op is UOps.DEFINE_GLOBAL:
                 name = self.values[id(u)] = "%" + self.fresh("buf")
                 self.params.append(("ptr", name, f"getelementptr inbounds ptr, ptr %bufs, i32 {u.arg[0]}"))
@@ -522,7 +543,7 @@ class _FunctionWriter:
             elif u.op is UOps.DEFINE_ACC:
                 assert dt is not None
                 slot = "%" + self.fresh("acc")
-                self.prologue.append(f"  {slot} = alloca {reg_type(dt)}, align 8")
+                self.prologue.append(f"  {slot} = alloca {reg_type(dt)}, align {max(8, dt.itemsize)}")
                 self.slots[id(u)] = slot
                 # the accumulator starts over wherever its definition is reached (e.g. in each outer iteration)
                 self.line(f"store {reg_type(dt)} {render_const(u.arg, dt)}, ptr {slot}")
@@ -562,6 +583,23 @@ class _FunctionWriter:
                 self.label(after)
             elif u.op is UOps.BARRIER:
                 pass  # no SPECIAL or local ids here: one thread runs the whole kernel, nothing to wait for
+            elif u.op is UOps.VECTORIZE:
+                assert dt is not None
+                lanes, ty, lane_ty = [self.value(s) for s in u.src], reg_type(dt), reg_type(dt.scalar())
+                if all(x == lanes[0] for x in lanes):  # a splat: one insert, then a shuffle
+                    one = self.emit(f"insertelement {ty} poison, {lane_ty} {lanes[0]}, i32 0")
+                    self.values[id(u)] = self.emit(
+                        f"shufflevector {ty} {one}, {ty} poison, <{dt.count} x i32> zeroinitializer"
+                    )
+                else:
+                    vec = "poison"
+                    for i, x in enumerate(lanes):
+                        vec = self.emit(f"insertelement {ty} {vec}, {lane_ty} {x}, i32 {i}")
+                    self.values[id(u)] = vec
+            elif u.op is UOps.GEP:
+                assert u.src[0].dtype is not None
+                vec_ty = reg_type(u.src[0].dtype)
+                self.values[id(u)] = self.emit(f"extractelement {vec_ty} {self.value(u.src[0])}, i32 {u.arg}")
             elif u.op is UOps.LOAD:
                 assert dt is not None
                 buf, idx = self.value(u.src[0]), self.value(u.src[1])
@@ -581,7 +619,11 @@ class _FunctionWriter:
                 value_dt = u.src[0].dtype
                 assert isinstance(value_dt, PtrDType)
                 buf, idx, value = (self.value(s) for s in u.src[:3])
-                value = self.cast(value, u.src[2].dtype or value_dt.base, value_dt.base)
+                stored = u.src[2].dtype or value_dt.base
+                if stored.count > 1:  # a vector: its lanes to consecutive elements (never gated)
+                    self.store(buf, idx, value, stored)
+                    continue
+                value = self.cast(value, stored, value_dt.base)
                 if len(u.src) == 4:
                     gate, store_block, after = self.value(u.src[3]), self.fresh("store"), self.fresh("stored")
                     self.line(f"br i1 {gate}, label %{store_block}, label %{after}")
