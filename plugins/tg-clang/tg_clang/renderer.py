@@ -45,14 +45,41 @@ def _exp2_vector(n: int) -> str:
     )
 
 
+# fused multiply-add of whole vectors (MULACC, fused_mulacc): the x86 FMA instruction of that width where the
+# compiler targets one (-march=native), else fmaf / fma lane by lane (the same result: one rounding per lane). GCC
+# turns the lane-by-lane form into vector FMAs only in part (a conv kernel kept 768 scalar ones)
+_FMA_X86 = {
+    ("float", 16): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask({}, (unsigned short)-1, 4)"),
+    ("float", 8): ("__FMA__", "__builtin_ia32_vfmaddps256({})"),
+    ("float", 4): ("__FMA__", "__builtin_ia32_vfmaddps({})"),
+    ("double", 8): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask({}, (unsigned char)-1, 4)"),
+    ("double", 4): ("__FMA__", "__builtin_ia32_vfmaddpd256({})"),
+    ("double", 2): ("__FMA__", "__builtin_ia32_vfmaddpd({})"),
+}
+
+
+def _fma_vector(scalar: str, n: int) -> str:
+    t, fn = f"tg_fma_{scalar}{n}", "fmaf" if scalar == "float" else "fma"
+    lanes = ", ".join(f"{fn}(a[{i}], b[{i}], c[{i}])" for i in range(n))
+    body = f"  return ({t}){{{lanes}}};\n"
+    if (x86 := _FMA_X86.get((scalar, n))) is not None:
+        body = f"#if defined({x86[0]})\n  return ({t}){x86[1].format('a, b, c')};\n#else\n{body}#endif\n"
+    size = n * (4 if scalar == "float" else 8)
+    return (
+        f"typedef {scalar} {t} __attribute__((vector_size({size}), aligned(4), may_alias));\n"
+        f"static inline {t} tg_{fn}{n}({t} a, {t} b, {t} c) {{\n{body}}}\n"
+    )
+
+
 # the libm functions a kernel may call, declared instead of including <math.h> (which takes the compiler ~20 ms to
-# read: a third of a small kernel's build), and the exp2 routines
+# read: a third of a small kernel's build), and the exp2 and vector FMA routines
 _HEADER = (
     "".join(f"float {f}f(float); double {f}(double); " for f in ("exp2", "log2", "sin", "sqrt"))
     + "float fmodf(float, float); double fmod(double, double);\n"
     + "float fmaf(float, float, float); double fma(double, double, double);\n"
     + _EXP2_SCALAR
     + "".join(_exp2_vector(n) for n in (2, 4, 8, 16))
+    + "".join(_fma_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
 )
 
 
@@ -101,6 +128,11 @@ class ClangRenderer(CStyleLanguage):
                 '__builtin_nanf("")', '__builtin_nan("")'
             )
         return text
+
+    def render_fma(self, a: str, b: str, c: str, dt: DType) -> str:
+        if dt.count > 1:  # the header's vector routine
+            return f"tg_{'fmaf' if dt.scalar() == dtypes.float32 else 'fma'}{dt.count}({a}, {b}, {c})"
+        return super().render_fma(a, b, c, dt)
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         if dt.count > 1:
