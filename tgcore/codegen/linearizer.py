@@ -22,8 +22,9 @@ _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 _FUSED_DTYPES = (dtypes.float32, dtypes.float64)
 # uops without effects: dropped when nothing reads them (a product that a MULACC took over)
 _PURE = (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE)
-# a kernel's outermost loop is split across threads when it runs at least this many innermost iterations
-THREAD_MIN_WORK = 1 << 17
+# a kernel's outermost loop is split across threads when it runs at least this many innermost iterations (handing
+# work to another thread costs 30-50 us on a 2-core VM: an elementwise kernel of 2^18 floats is where it starts to pay)
+THREAD_MIN_WORK = 1 << 18
 _THREAD_BOUNDS = ("core_start", "core_end")
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
 _VECTOR_REDUCE = (ReduceOps.SUM,)

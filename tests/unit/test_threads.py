@@ -1,0 +1,66 @@
+"""Host threads for CPU kernels (engine/realize.py): every part of the outer loop runs exactly once, errors reach the
+caller, and callers on several Python threads at once all get their work done."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tgcore.engine import realize
+
+
+class Recorder:
+    """A stand-in for a compiled program: records the (start, end) vals of each call."""
+
+    def __init__(self, fail_at: int = -1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+        self.fail_at = fail_at
+
+    def __call__(self, *bufs: object, vals: tuple[int, ...] = ()) -> None:
+        start, end = vals[-2:]
+        if start <= self.fail_at < end:
+            raise RuntimeError(f"part {start}..{end} failed")
+        with self.lock:
+            self.calls.append((start, end))
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("per_thread", [1, 4])
+def test_parts_cover_the_loop_once(monkeypatch: pytest.MonkeyPatch, threads: str, per_thread: int) -> None:
+    monkeypatch.setenv("TGCORE_THREADS", threads)
+    for extent in (1, 2, 5, 64, 1000):
+        prg = Recorder()
+        realize._run_threaded(prg, [], (7,), extent, False, per_thread)
+        covered = sorted(prg.calls)
+        assert covered[0][0] == 0 and covered[-1][1] == extent
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # no gap, no overlap
+        assert len(covered) == min(extent, int(threads) * per_thread) or int(threads) == 1
+
+
+def test_an_error_in_a_part_reaches_the_caller_and_the_threads_stay_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TGCORE_THREADS", "2")
+    with pytest.raises(RuntimeError, match="failed"):
+        realize._run_threaded(Recorder(fail_at=63), [], (), 64, False, 4)
+    prg = Recorder()
+    realize._run_threaded(prg, [], (), 64, False, 4)
+    assert sum(e - s for s, e in prg.calls) == 64
+
+
+def test_callers_on_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TGCORE_THREADS", "2")
+    results: list[int] = []
+
+    def caller() -> None:
+        for _ in range(50):
+            prg = Recorder()
+            realize._run_threaded(prg, [], (), 100, False, 4)
+            results.append(sum(e - s for s, e in prg.calls))
+
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert results == [100] * 200
