@@ -298,3 +298,20 @@ def test_instances_are_probed_and_parts_see_the_instance(registered):
         Device["INST:2"]
     Device["INST"], Device["INST:1"]
     assert seen[-2:] == ["INST", "INST:1"] and "INST:2" not in seen
+
+
+def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
+    import ctypes
+
+    from tgcore.device import ALIGNMENT
+
+    allocator = MallocAllocator()
+    for size in (1, 3, 64, 1000, 1 << 20):
+        buf = allocator.alloc(size)
+        assert ctypes.addressof(buf) % ALIGNMENT == 0 and len(buf) == size
+        data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+        allocator.copyin(buf, memoryview(data))
+        out = bytearray(size)
+        allocator.copyout(memoryview(out), buf)
+        assert bytes(out) == data
+        allocator.free(buf, size)
