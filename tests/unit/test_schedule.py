@@ -357,3 +357,57 @@ def test_a_cached_constant_realized_by_someone_is_not_handed_out_again() -> None
     assert again is not const and again.base.realized is None
     assert Tensor(const).numpy().tolist() == [7.0] * 4
     np.testing.assert_allclose((x + 7.0).numpy(), x.numpy() + 7.0, rtol=1e-6)
+
+
+def _adam_run(steps: int, clear_cache: bool) -> tuple[list[np.ndarray], list[int]]:
+    """The weights after `steps` plain Adam steps of a small MLP, and the schedule cache's size after each step."""
+    from tgcore.engine import schedule
+    from tgcore.nn import Linear
+    from tgcore.nn.optim import Adam
+
+    rng = np.random.default_rng(3)
+    layers = [Linear(6, 5), Linear(5, 3)]
+    for layer in layers:
+        layer.weight = Tensor(rng.standard_normal(layer.weight.shape).astype(np.float32))
+        layer.bias = Tensor(rng.standard_normal(layer.bias.shape).astype(np.float32))
+    opt = Adam([t for layer in layers for t in (layer.weight, layer.bias)], lr=0.05)
+    x, y = Tensor(rng.standard_normal((4, 6)).astype(np.float32)), Tensor(np.array([0, 2, 1, 2], np.int32))
+    before, sizes = Tensor.training, []
+    Tensor.training = True
+    try:
+        for _ in range(steps):
+            if clear_cache:
+                schedule._schedule_cache.clear()
+            opt.zero_grad()
+            loss = layers[1](layers[0](x).relu()).sparse_categorical_crossentropy(y)
+            loss.backward()
+            Tensor.realize(loss, *opt.schedule_step())
+            sizes.append(len(schedule._schedule_cache))
+    finally:
+        Tensor.training = before
+    return [t.numpy() for layer in layers for t in (layer.weight, layer.bias)], sizes
+
+
+def test_a_training_step_with_assigns_is_scheduled_once_and_keeps_its_numbers() -> None:
+    fresh, _ = _adam_run(6, clear_cache=True)
+    cached, sizes = _adam_run(6, clear_cache=False)
+    assert sizes[-1] == sizes[-2] == sizes[-3]  # the later steps find their schedule in the cache
+    for a, b in zip(fresh, cached):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(fresh[0], _adam_run(1, clear_cache=True)[0][0])  # the steps did move the weights
+
+
+def test_schedule_cache_keeps_apart_an_assign_that_reads_its_target_through_another_tensor() -> None:
+    # `old` is a second realized tensor on a's memory: the assign's kernel reads it through its own output. The same
+    # graph over a tensor on other memory must not get that kernel from the cache (it would read the wrong buffer)
+    a = Tensor(np.array([1.0, 2.0, 3.0], np.float32)).realize()
+    old = Tensor(a.lazydata)
+    a.assign(a + 1).realize()  # a's lazydata is now the assign, realized in old's memory
+    assert a.lazydata.base is not old.lazydata.base and a.lazydata.base.buffer is old.lazydata.base.buffer
+    a.assign(old * 2 + a).realize()
+    np.testing.assert_array_equal(a.numpy(), [6.0, 9.0, 12.0])
+    c = Tensor(np.array([1.0, 2.0, 3.0], np.float32)).realize()
+    c.assign(c + 1).realize()
+    d = Tensor(np.array([10.0, 20.0, 30.0], np.float32)).realize()
+    c.assign(d * 2 + c).realize()
+    np.testing.assert_array_equal(c.numpy(), [22.0, 43.0, 64.0])

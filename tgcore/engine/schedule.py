@@ -244,7 +244,9 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 
 # the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure (a set: ops
 # hash by identity, in C)
-_CACHEABLE = frozenset((*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, LoadOps.CONST, LoadOps.CONTIGUOUS))
+_CACHEABLE = frozenset(
+    (*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, LoadOps.CONST, LoadOps.CONTIGUOUS, LoadOps.ASSIGN)
+)
 _SCHEDULE_CACHE_SIZE = 4096
 # a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
 # its leaves (the realized buffers it reads)
@@ -257,12 +259,15 @@ def _graph_key(
 ) -> Optional[tuple[tuple[Any, ...], list[LazyBuffer], list[LazyBuffer]]]:
     """A key that equals another graph's exactly when scheduling both gives the same kernels (up to which buffers
     they run on), with the graph's unrealized bases and realized buffers in the order the key numbers them; None
-    for a graph the cache does not take (symbolic shapes, assigns, copies, custom ops). A graph whose views hold
-    bound Variables gets a key, but its schedule has var_vals and is never stored."""
+    for a graph the cache does not take (symbolic shapes, copies, custom ops). A graph whose views hold bound
+    Variables gets a key, but its schedule has var_vals and is never stored. Realized buffers are keyed with the
+    first one that shares their memory (an assign's kernel reads its target through its output: which other reads
+    are of that memory changes the kernel)."""
     if len(bases) == 1 and (flat := _flat_graph_key(bases[0])) is not _NOT_FLAT:
         return flat
     nodes: dict[LazyBuffer, int] = {}
     leaves: dict[LazyBuffer, int] = {}
+    memory: dict[int, int] = {}  # id of a realized Buffer -> the first leaf on it
     parts: list[Any] = []
     # an iterative post-order walk (graphs can be deeper than Python's recursion limit); this runs for every
     # realize, so it is written for speed: `x._base or x` is `x.base` without the property call, and a dtype is
@@ -289,7 +294,9 @@ def _graph_key(
             sb = s._base or s
             st = s.st if s is not sb else None
             if sb.realized is not None:
-                srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype.name, sb.device, sb.shape, st))
+                leaf = leaves.setdefault(sb, len(leaves))
+                same = memory.setdefault(id(sb.buffer), leaf)
+                srcs.append((False, leaf, sb.dtype.name, sb.device, sb.shape, st, same))
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
@@ -311,13 +318,15 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
     const = LoadOps.CONST
     nodes: dict[LazyBuffer, int] = {}
     leaves: dict[LazyBuffer, int] = {}
+    memory: dict[int, int] = {}
     parts: list[Any] = []
     srcs: list[tuple[Any, ...]] = []
     for s in b.srcs:
         sb = s._base or s
         st = s.st if s is not sb else None
         if sb.realized is not None:
-            srcs.append((False, leaves.setdefault(sb, len(leaves)), sb.dtype.name, sb.device, sb.shape, st))
+            leaf = leaves.setdefault(sb, len(leaves))
+            srcs.append((False, leaf, sb.dtype.name, sb.device, sb.shape, st, memory.setdefault(id(sb.buffer), leaf)))
             continue
         if sb.op is not const or sb.srcs:
             return _NOT_FLAT
