@@ -2,7 +2,10 @@
 
 Global axes become loops (a Renderer with `global_max = None`, like a CPU) or launched grid indices (SPECIAL),
 reduce axes become loops with an accumulator. Index arithmetic comes from each buffer's ShapeTracker as
-symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope.
+symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope, and uops without
+effects that nothing reads are dropped at the end. Where the Renderer declares `fused_mulacc`, a float SUM of
+products accumulates with MULACC; a STAGEd input is copied into shared memory (DEFINE_LOCAL) by the workgroup before
+the innermost reduce loop, between BARRIERs, and read from there.
 """
 
 from __future__ import annotations
