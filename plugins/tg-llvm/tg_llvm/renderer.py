@@ -105,6 +105,11 @@ _HELPERS: dict[str, str] = {
 _HELPER_NEEDS: dict[str, tuple[str, ...]] = {"tg_f64_to_f16": ("declare double @llvm.fabs.f64(double)",)}
 
 
+def vec_bool(lanes: int) -> str:
+    """The LLVM type of a comparison of two vectors of `lanes`."""
+    return f"<{lanes} x i1>"
+
+
 def reg_type(dt: DType) -> str:
     """The LLVM type a value of `dt` has in a register (vectors: `<n x float>` and `<n x double>`)."""
     if dt.count != 1:
@@ -146,46 +151,57 @@ _EXP2_COEFFICIENTS = (
 )
 
 
-def _exp2_helper() -> str:
-    c = [_float_literal(v) for v in _EXP2_COEFFICIENTS]
-    magic = _float_literal(12582912.0)
-    horner = [f"  %p0 = fmul float %f, {c[0]}", f"  %q0 = fadd float %p0, {c[1]}"]
-    for i, coefficient in enumerate(c[2:], start=1):
-        horner += [f"  %p{i} = fmul float %f, %q{i - 1}", f"  %q{i} = fadd float %p{i}, {coefficient}"]
+def _exp2_helper(lanes: int = 1) -> str:
+    """The routine for a float (lanes 1: @tg_exp2f) or a vector of `lanes` floats (@tg_exp2f_v<lanes>): the same
+    operations on every lane."""
+
+    def vec(scalar: str) -> str:
+        return scalar if lanes == 1 else f"<{lanes} x {scalar}>"
+
+    def splat(literal: str, scalar: str = "float") -> str:
+        return literal if lanes == 1 else "<" + ", ".join([f"{scalar} {literal}"] * lanes) + ">"
+
+    f, i, b = vec("float"), vec("i32"), vec("i1")
+    c = [splat(_float_literal(v)) for v in _EXP2_COEFFICIENTS]
+    horner = [f"  %p0 = fmul {f} %f, {c[0]}", f"  %q0 = fadd {f} %p0, {c[1]}"]
+    for n, coefficient in enumerate(c[2:], start=1):
+        horner += [f"  %p{n} = fmul {f} %f, %q{n - 1}", f"  %q{n} = fadd {f} %p{n}, {coefficient}"]
     last = f"%q{len(c) - 2}"
+    name = "tg_exp2f" if lanes == 1 else f"tg_exp2f_v{lanes}"
     lines = [
-        "define internal float @tg_exp2f(float %x) alwaysinline nounwind {",
-        f"  %shifted = fadd float %x, {magic}",
-        f"  %n = fadd float %shifted, {_float_literal(-12582912.0)}",
-        "  %f = fsub float %x, %n",
+        f"define internal {f} @{name}({f} %x) alwaysinline nounwind {{",
+        f"  %shifted = fadd {f} %x, {splat(_float_literal(12582912.0))}",
+        f"  %n = fadd {f} %shifted, {splat(_float_literal(-12582912.0))}",
+        f"  %f = fsub {f} %x, %n",
         *horner,
-        "  %ni = fptosi float %n to i32",
-        "  %n1 = ashr i32 %ni, 1",
-        "  %n2 = sub i32 %ni, %n1",
+        f"  %ni = fptosi {f} %n to {i}",
+        f"  %n1 = ashr {i} %ni, {splat('1', 'i32')}",
+        f"  %n2 = sub {i} %ni, %n1",
         # (k + 127) << 23, the bits of 2^k, written as (k << 23) + (127 << 23): the form LLVM would rewrite it to
-        "  %e1 = shl i32 %n1, 23",
-        "  %e2 = shl i32 %n2, 23",
-        "  %b1 = add i32 %e1, 1065353216",
-        "  %b2 = add i32 %e2, 1065353216",
-        "  %s1 = bitcast i32 %b1 to float",
-        "  %s2 = bitcast i32 %b2 to float",
-        f"  %scaled = fmul float {last}, %s1",
-        "  %r = fmul float %scaled, %s2",
+        f"  %e1 = shl {i} %n1, {splat('23', 'i32')}",
+        f"  %e2 = shl {i} %n2, {splat('23', 'i32')}",
+        f"  %b1 = add {i} %e1, {splat('1065353216', 'i32')}",
+        f"  %b2 = add {i} %e2, {splat('1065353216', 'i32')}",
+        f"  %s1 = bitcast {i} %b1 to {f}",
+        f"  %s2 = bitcast {i} %b2 to {f}",
+        f"  %scaled = fmul {f} {last}, %s1",
+        f"  %r = fmul {f} %scaled, %s2",
         # the lanes below are out of the routine's range: their %r (poison where fptosi overflows) is not chosen
-        f"  %low = fcmp olt float %x, {_float_literal(-150.0)}",
-        "  %r1 = select i1 %low, float 0.0, float %r",
-        f"  %high = fcmp oge float %x, {_float_literal(128.0)}",
-        "  %r2 = select i1 %high, float 0x7FF0000000000000, float %r1",
-        "  %nan = fcmp uno float %x, 0.0",
-        "  %quiet = fadd float %x, %x",
-        "  %out = select i1 %nan, float %quiet, float %r2",
-        "  ret float %out",
+        f"  %low = fcmp olt {f} %x, {splat(_float_literal(-150.0))}",
+        f"  %r1 = select {b} %low, {f} {splat('0.0')}, {f} %r",
+        f"  %high = fcmp oge {f} %x, {splat(_float_literal(128.0))}",
+        f"  %r2 = select {b} %high, {f} {splat('0x7FF0000000000000')}, {f} %r1",
+        f"  %nan = fcmp uno {f} %x, {splat('0.0')}",
+        f"  %quiet = fadd {f} %x, %x",
+        f"  %out = select {b} %nan, {f} %quiet, {f} %r2",
+        f"  ret {f} %out",
         "}",
     ]
     return "\n".join(lines)
 
 
 _HELPERS["tg_exp2f"] = _exp2_helper()
+_HELPERS.update({f"tg_exp2f_v{n}": _exp2_helper(n) for n in (2, 4, 8, 16)})
 
 
 def render_const(val: ConstType, dt: DType) -> str:
@@ -228,6 +244,9 @@ class LLVMRenderer(Renderer):
     # vector uops as LLVM vector types, as wide as the host's vector registers: the optimizer's register tiles
     # (a matmul's, a conv's) become vector code without relying on LLVM's vectorizers
     vector_uops = True
+    # whole-vector EXP2 (float32: the routine above on every lane), SQRT and MAX: an elementwise kernel of these is
+    # vector code as rendered, and the compiler skips LLVM's loop vectorizer for it (a third of its compile time)
+    vector_math = (UnaryOps.EXP2, UnaryOps.SQRT, BinaryOps.MAX)
 
     def __init__(self) -> None:
         self.vector_widths = {dt: host_vector_bytes() // dt.itemsize for dt in VECTOR_DTYPES}
@@ -399,7 +418,7 @@ class _FunctionWriter:
 
     def alu(self, op: Op, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         """The result of `op` (exec_alu's semantics) as a register of the result dtype `dt`."""
-        if dt.count > 1:  # lane by lane: the ops codegen.uops allows on vectors
+        if dt.count > 1:  # lane by lane: the ops codegen.uops allows on vectors, and this renderer's vector_math
             ty = reg_type(dt)
             if op is TernaryOps.MULACC:
                 return self.intrinsic("fma", ty, *srcs)
@@ -407,6 +426,12 @@ class _FunctionWriter:
                 return self.emit(f"fneg {ty} {srcs[0]}")
             if op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV):
                 return self.emit(f"{_FLOAT_BINARY[op]} {ty} {srcs[0]}, {srcs[1]}")
+            if op is UnaryOps.EXP2 and dt.scalar() == dtypes.float32:  # the float routine, on every lane
+                return self.helper(f"tg_exp2f_v{dt.count}", ty, ty, srcs[0])
+            if op in (UnaryOps.EXP2, UnaryOps.SQRT):
+                return self.intrinsic(_FLOAT_INTRINSICS[op], ty, srcs[0])
+            if op is BinaryOps.MAX:  # numpy's maximum, lane by lane: a NaN in either operand is the result
+                return self.float_max(vec_bool(dt.count), ty, srcs[0], srcs[1])
             raise NotImplementedError(f"the LLVM renderer has no vector {op}")
         if op is TernaryOps.WHERE:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
@@ -450,11 +475,21 @@ class _FunctionWriter:
         if op is BinaryOps.CMPEQ:
             return self.emit(f"fcmp oeq {ty} {xs[0]}, {xs[1]}")
         if op is BinaryOps.MAX:  # numpy's maximum: a NaN in either operand is the result
-            greater = self.emit(f"fcmp ogt {ty} {xs[0]}, {xs[1]}")
-            a_nan = self.emit(f"fcmp uno {ty} {xs[0]}, 0.0")
-            take_a = self.emit(f"or i1 {greater}, {a_nan}")
-            return self.emit(f"select i1 {take_a}, {reg_type(sdt)} {srcs[0]}, {reg_type(sdt)} {srcs[1]}")
+            if sdt == dtypes.float16:  # compared in float, the operand chosen as it is
+                greater = self.emit(f"fcmp ogt {ty} {xs[0]}, {xs[1]}")
+                a_nan = self.emit(f"fcmp uno {ty} {xs[0]}, 0.0")
+                take_a = self.emit(f"or i1 {greater}, {a_nan}")
+                return self.emit(f"select i1 {take_a}, {reg_type(sdt)} {srcs[0]}, {reg_type(sdt)} {srcs[1]}")
+            return self.float_max("i1", ty, xs[0], xs[1])
         raise NotImplementedError(f"the LLVM renderer cannot render ALU op {op} on {sdt}")
+
+    def float_max(self, bool_ty: str, ty: str, a: str, b: str) -> str:
+        """(a > b || a != a) ? a : b, CLANG's spelling: NaN in either operand propagates (for scalars or vectors)."""
+        zero = render_const(0.0, dtypes.float64) if " x " not in ty else "zeroinitializer"
+        greater = self.emit(f"fcmp ogt {ty} {a}, {b}")
+        a_nan = self.emit(f"fcmp uno {ty} {a}, {zero}")
+        take_a = self.emit(f"or {bool_ty} {greater}, {a_nan}")
+        return self.emit(f"select {bool_ty} {take_a}, {ty} {a}, {ty} {b}")
 
     def int_alu(self, op: Op, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         sdt = src_dts[0]
