@@ -120,6 +120,22 @@ def index_uops(uops: list[UOp]) -> set[int]:
     return addressing
 
 
+def plain_index_ops(uops: list[UOp]) -> set[int]:
+    """The ids of the int32 `+ - *` uops of the index arithmetic (index_uops): they cannot overflow for a valid
+    kernel, so a renderer that spells int32 math to wrap (numpy's semantics) may spell these plainly instead, which
+    lets its compiler fold them into addresses."""
+    index = index_uops(uops)
+    return {
+        id(u)
+        for u in uops
+        if id(u) in index
+        and u.op is UOps.ALU
+        and u.dtype == dtypes.int32
+        and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
+        and all(s.dtype == dtypes.int32 for s in u.src)
+    }
+
+
 def print_uops(uops: list[UOp]) -> str:
     """A readable listing of a uop list, one line each, sources as indices."""
     index = {id(u): i for i, u in enumerate(uops)}

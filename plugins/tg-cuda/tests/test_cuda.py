@@ -15,10 +15,10 @@ import tg_cuda
 from tg_cuda import compiler as cuda_compiler
 from tg_cuda.compiler import CUDACompiler, parse_arch
 from tg_cuda.nvrtc import NVRTCUnavailable, load_nvrtc
-from tg_cuda.renderer import LAUNCH_FLAT, CUDARenderer, index_arithmetic
+from tg_cuda.renderer import LAUNCH_FLAT, CUDARenderer
 from tg_cuda.runtime import launch_dims
 
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import UOp, UOps, plain_index_ops
 from tgcore.device import CompileError, Device, DeviceUnavailable
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
@@ -341,7 +341,7 @@ def test_index_arithmetic_is_plain_and_values_wrap() -> None:
     v = b.add(UOps.LOAD, dtypes.int32, (x, idx))
     value = b.alu(BinaryOps.ADD, dtypes.int32, v, i)  # data + index: a value, may overflow
     b.add(UOps.STORE, None, (out, i, value))
-    assert index_arithmetic(b.uops) == {id(b.uops[4]), id(b.uops[6])}
+    assert plain_index_ops(b.uops) == {id(b.uops[4]), id(b.uops[6])}
     src = CUDARenderer().render("k", b.uops)
     assert "int alu0 = (gidx0*3);" in src and "int alu1 = (alu0+1);" in src
     assert "int alu2 = ((int)((unsigned int)(val0)+(unsigned int)(gidx0)));" in src

@@ -29,7 +29,7 @@ from typing import Optional
 
 import numpy as np
 
-from tgcore.codegen.uops import UOp, UOps, index_uops
+from tgcore.codegen.uops import UOp, UOps, plain_index_ops
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer.cstyle import CStyleLanguage
@@ -192,7 +192,7 @@ class CUDARenderer(CStyleLanguage):
         )
         first = next((u for u in uops if u.op is UOps.SPECIAL and u.arg[1] == "gidx0"), None)
         flat_size = first.arg[2] if first is not None and not grouped and isinstance(first.arg[2], int) else None
-        plain = index_arithmetic(uops)
+        plain = plain_index_ops(uops)
         names: dict[int, str] = {}
         buffers: list[str] = []
         scalars: list[str] = []
@@ -337,19 +337,3 @@ class CUDARenderer(CStyleLanguage):
         if any(u.op is UOps.BITCAST for u in uops):
             out.append(_BITCAST)
         return out
-
-
-def index_arithmetic(uops: list[UOp]) -> set[int]:
-    """The ids of the int32 `+ - *` uops of the index arithmetic (tgcore.codegen.uops.index_uops): they cannot
-    overflow for a valid kernel, so they are spelled as plain C++, which lets the compiler fold them into
-    addresses."""
-    index = index_uops(uops)
-    return {
-        id(u)
-        for u in uops
-        if id(u) in index
-        and u.op is UOps.ALU
-        and u.dtype == dtypes.int32
-        and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
-        and all(s.dtype == dtypes.int32 for s in u.src)
-    }

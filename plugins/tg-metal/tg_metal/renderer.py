@@ -27,7 +27,7 @@ from enum import Enum
 from typing import Optional
 
 from tg_metal.syntax import check_syntax, syntax_check_enabled
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import UOp, UOps, plain_index_ops
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer.cstyle import CStyleLanguage
@@ -49,8 +49,8 @@ _WRAPPING_SIGN: dict[Op, str] = {BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryO
 
 
 class _IndexOps(Enum):
-    """int32 + - * of index arithmetic (see `_index_arithmetic`): spelled plainly, so that Metal's compiler keeps
-    its no-overflow assumptions for addressing. Only this renderer's lowering produces these."""
+    """int32 + - * of index arithmetic (`tgcore.codegen.uops.plain_index_ops`): spelled plainly, so that Metal's
+    compiler keeps its no-overflow assumptions for addressing. Only this renderer's lowering produces these."""
 
     ADD = BinaryOps.ADD
     SUB = BinaryOps.SUB
@@ -218,7 +218,7 @@ class _Lowering:
         self.new: dict[int, UOp] = {}
 
     def run(self, uops: list[UOp]) -> list[UOp]:
-        index = _index_arithmetic(uops)
+        index = plain_index_ops(uops)
         locals_ = [u for u in uops if u.op is UOps.DEFINE_LOCAL]
         for u in locals_ + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]:
             src = tuple(self.new.get(id(s), s) for s in u.src)
@@ -263,42 +263,6 @@ class _Lowering:
         result = dt if dt.scalar() == dtypes.bool else _float_like(dt)
         value = self.emit(UOps.ALU, result, tuple(self.as_float(s) for s in src), op)
         return value if result == dt else self.emit(UOps.CAST, dt, (value,))
-
-
-def _index_arithmetic(uops: list[UOp]) -> set[int]:
-    """The ids of the int32 + - * uops that are index arithmetic: computed from launch indices, loop variables,
-    symbolic ints and constants only (no loaded data), and used only to address memory, gate a load or store, bound
-    a loop or branch (directly, or through other ALU ops used only so)."""
-    users: dict[int, list[tuple[UOp, int]]] = {}
-    from_indices: set[int] = set()
-    for u in uops:
-        if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
-            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
-        ):
-            from_indices.add(id(u))
-        for position, s in enumerate(u.src):
-            users.setdefault(id(s), []).append((u, position))
-    addressing: set[int] = set()
-
-    def addresses(user: UOp, position: int) -> bool:
-        if user.op is UOps.LOAD:
-            return position in (1, 2)  # the index and the gate, not the buffer or the alternative value
-        if user.op is UOps.STORE:
-            return position in (1, 3)  # the index and the gate, not the buffer or the value
-        return user.op in (UOps.RANGE, UOps.IF) or id(user) in addressing
-
-    for u in reversed(uops):  # every user comes after what it uses
-        if u.op is UOps.ALU and users.get(id(u)) and all(addresses(user, p) for user, p in users[id(u)]):
-            addressing.add(id(u))
-    return {
-        id(u)
-        for u in uops
-        if id(u) in addressing
-        and id(u) in from_indices
-        and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
-        and u.dtype == dtypes.int32
-        and all(s.dtype == dtypes.int32 for s in u.src)
-    }
 
 
 def _float_like(dt: DType) -> DType:

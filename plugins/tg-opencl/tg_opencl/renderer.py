@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Optional, Sequence
 
 from tg_opencl.cl_platform import DeviceInfo
-from tgcore.codegen.uops import UOp, UOps
+from tgcore.codegen.uops import UOp, UOps, plain_index_ops
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.renderer.cstyle import CStyleLanguage
@@ -198,39 +198,9 @@ class OpenCLRenderer(CStyleLanguage):
 
 
 def _mark_address_arithmetic(uops: list[UOp]) -> list[UOp]:
-    """The uops with each int32 + - * that is index arithmetic given an _AddressOps arg; the rest unchanged.
-
-    Index arithmetic is computed from launch indices, loop variables, symbolic sizes and constants only (no loaded
-    data), and its result is only ever used to index memory, to gate a load or store, to bound a loop or to branch
-    (directly, or through other ALU ops that are)."""
-    users: dict[int, list[tuple[UOp, int]]] = {}
-    from_indices: set[int] = set()
-    for u in uops:
-        if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
-            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
-        ):
-            from_indices.add(id(u))
-        for position, s in enumerate(u.src):
-            users.setdefault(id(s), []).append((u, position))
-    address: set[int] = set()
-
-    def addressing(user: UOp, position: int) -> bool:
-        if user.op is UOps.LOAD or user.op is UOps.STORE:
-            return position != 0 and not (user.op is UOps.STORE and position == 2)  # not the buffer, not the value
-        return user.op in (UOps.RANGE, UOps.IF) or id(user) in address
-
-    for u in reversed(uops):  # every user comes after what it uses
-        if u.op is UOps.ALU and users.get(id(u)) and all(addressing(user, p) for user, p in users[id(u)]):
-            address.add(id(u))  # index math, or a comparison of it that gates memory
-    address = {
-        id(u)
-        for u in uops
-        if id(u) in address
-        and id(u) in from_indices
-        and u.dtype == dtypes.int32
-        and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
-        and all(s.dtype == dtypes.int32 for s in u.src)
-    }
+    """The uops with each int32 + - * of the index arithmetic (`tgcore.codegen.uops.plain_index_ops`) given an
+    _AddressOps arg; the rest unchanged."""
+    address = plain_index_ops(uops)
     if not address:
         return uops
     out: list[UOp] = []
