@@ -139,3 +139,15 @@ def test_stage_is_refused_where_it_cannot_apply() -> None:
     refused(WorkgroupRenderer(), [*local, Opt(OptOps.STAGE, 0, 0), Opt(OptOps.UPCAST, 0, 2)], "only STAGE")
     small = type("SmallShared", (WorkgroupRenderer,), {"shared_max": 256})()
     refused(small, [*local, Opt(OptOps.STAGE, 0, 0)], "shared memory is too much")
+
+
+def test_stage_is_refused_on_a_symbolic_kernel() -> None:
+    from tgcore import Variable
+
+    n = Variable("n", 1, 32).bind(16)
+    a = Tensor(np.ones((8, 16), np.float32), device="PYTHON").reshape(8, n)
+    b = Tensor(np.ones((16, 8), np.float32), device="PYTHON").reshape(n, 8)
+    k = Kernel((a @ b).schedule()[-1].ast, WorkgroupRenderer())
+    k.apply_opts([Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 4)])
+    with pytest.raises(KernelOptError, match="symbolic"):
+        k.apply_opt(Opt(OptOps.STAGE, 0, 0))

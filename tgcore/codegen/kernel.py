@@ -332,6 +332,7 @@ class Kernel:
     def _stage(self, opt: Opt) -> None:
         _check(self.opts.has_shared and self.opts.global_max is not None, f"{opt}: the device has no shared memory")
         _check(self.local_dims > 0 and self.n_reduce > 0, f"{opt}: needs a workgroup and a reduce loop")
+        _check(all(isinstance(s, int) for s in self.full_shape), f"{opt}: the kernel has a symbolic size")
         loads = self.loads()
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
