@@ -140,31 +140,9 @@ def test_index_math_is_64_bit_and_value_math_stays_int32():
 
 def test_exp2_is_within_one_ulp_and_vector_lanes_match_scalar_bits():
     # CLANG computes float32 exp2 with its own routine (vector registers instead of a libm call per element)
-    from tgcore.helpers import Context
-    from tgcore.ops import UnaryOps
+    from tg_conformance.checks import assert_exp2_within_one_ulp
 
-    rng = np.random.default_rng(0)
-    specials = [np.nan, np.inf, -np.inf, 128.0, 127.99999, -150.0, -149.0, -149.5, -126.5, 0.0, -0.0, 1e-30, 88.7]
-    x = np.concatenate(
-        [specials, rng.uniform(-160, 135, 40000), rng.uniform(-2, 2, 20000), rng.standard_normal(4000) * 1e-6]
-    ).astype(np.float32)
-    x = np.resize(x, (len(x) // 64 + 1) * 64)  # a multiple of every vector width: all lanes run vectorized
-
-    def exp2(v: np.ndarray) -> np.ndarray:  # the EXP2 op itself (Tensor.exp2 goes through exp(x * ln 2))
-        return Tensor(Tensor(v, device="CLANG").lazydata.e(UnaryOps.EXP2)).numpy()
-
-    got = exp2(x)
-    with np.errstate(over="ignore"):
-        ref = np.exp2(x.astype(np.float64)).astype(np.float32)
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])  # inf where it overflows, NaN for NaN
-    err = np.abs(got[finite].astype(np.float64) - ref[finite])
-    ulp = np.spacing(np.abs(ref[finite]))
-    assert np.all(err <= ulp), float(np.max(err / ulp))
-    assert got[1] == np.inf and got[2] == 0 and got[3] == np.inf and got[5] == 0 and got[6] == ref[6]
-    with Context(NOOPT=1):  # one element per iteration: the scalar routine
-        scalar = exp2(x)
-    np.testing.assert_array_equal(scalar.view(np.uint32), got.view(np.uint32))
+    assert_exp2_within_one_ulp("CLANG")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

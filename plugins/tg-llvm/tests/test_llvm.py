@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from tg_conformance.checks import assert_exp2_within_one_ulp, exp2_inputs, exp2_op
 from tg_conformance.reference import fused_multiply_add
 from tg_llvm.compiler import LLVMCompiler
 from tg_llvm.renderer import reg_type
@@ -353,36 +354,8 @@ def test_bool_tensors():
 # ***** float32 exp2: the renderer's own routine *****
 
 
-def exp2_inputs() -> np.ndarray:
-    rng = np.random.default_rng(0)
-    specials = [np.nan, np.inf, -np.inf, 128.0, 127.99999, -150.0, -149.0, -149.5, -126.5, 0.0, -0.0, 1e-30, 88.7]
-    x = np.concatenate(
-        [specials, rng.uniform(-160, 135, 40000), rng.uniform(-2, 2, 20000), rng.standard_normal(4000) * 1e-6]
-    ).astype(np.float32)
-    return np.resize(x, (len(x) // 64 + 1) * 64)  # a multiple of every vector width: all lanes run vectorized
-
-
-def exp2_op(x: np.ndarray, device: str) -> np.ndarray:
-    """The EXP2 op itself (Tensor.exp2 goes through exp(x * ln 2))."""
-    return Tensor(Tensor(x, device=device).lazydata.e(UnaryOps.EXP2)).numpy()
-
-
 def test_exp2_is_within_one_ulp_and_vector_lanes_match_scalar_bits():
-    from tgcore.helpers import Context
-
-    x = exp2_inputs()
-    got = exp2_op(x, "LLVM")
-    with np.errstate(over="ignore"):
-        ref = np.exp2(x.astype(np.float64)).astype(np.float32)
-    finite = np.isfinite(ref)
-    np.testing.assert_array_equal(got[~finite], ref[~finite])  # inf where it overflows, NaN for NaN
-    err = np.abs(got[finite].astype(np.float64) - ref[finite])
-    ulp = np.spacing(np.abs(ref[finite]))
-    assert np.all(err <= ulp), float(np.max(err / ulp))
-    assert got[1] == np.inf and got[2] == 0 and got[3] == np.inf and got[5] == 0 and got[6] == ref[6]
-    with Context(NOOPT=1):  # no upcasting by the optimizer: LLVM's vectorizer alone decides
-        scalar = exp2_op(x, "LLVM")
-    np.testing.assert_array_equal(scalar.view(np.uint32), got.view(np.uint32))
+    assert_exp2_within_one_ulp("LLVM")
 
 
 def test_exp2_matches_clang_bit_for_bit():

@@ -79,3 +79,45 @@ def assert_array(what: str, device: str, got: np.ndarray, exp: np.ndarray, *, at
 
 def _one_line(a: np.ndarray) -> str:
     return " ".join(repr(a).split())
+
+
+# ***** for a plugin whose float32 exp2 is its own routine, promised within 1 ulp (tg-clang's, tg-llvm's) *****
+
+
+def exp2_inputs() -> np.ndarray:
+    """float32 exp2 arguments: the edges (NaN, infinities, overflow at 128, the subnormal and underflow range below
+    -126 and -150, zeros, tiny values) and 64k random ones, padded to a multiple of every vector width."""
+    rng = np.random.default_rng(0)
+    specials = [np.nan, np.inf, -np.inf, 128.0, 127.99999, -150.0, -149.0, -149.5, -126.5, 0.0, -0.0, 1e-30, 88.7]
+    x = np.concatenate(
+        [specials, rng.uniform(-160, 135, 40000), rng.uniform(-2, 2, 20000), rng.standard_normal(4000) * 1e-6]
+    ).astype(np.float32)
+    return np.resize(x, (len(x) // 64 + 1) * 64)
+
+
+def exp2_op(x: np.ndarray, device: str) -> np.ndarray:
+    """The EXP2 op itself on `device` (Tensor.exp2 goes through exp(x * ln 2))."""
+    from tgcore import Tensor
+    from tgcore.ops import UnaryOps
+
+    return Tensor(Tensor(x, device=device).lazydata.e(UnaryOps.EXP2)).numpy()
+
+
+def assert_exp2_within_one_ulp(device: str) -> None:
+    """float32 EXP2 on `device` is within 1 ulp of the exact value on exp2_inputs() (inf where it overflows, 0 where
+    it underflows, NaN for NaN), and the optimizer's kernel (vector lanes) gives the unoptimized one's bits."""
+    from tgcore.helpers import Context
+
+    x = exp2_inputs()
+    got = exp2_op(x, device)
+    with np.errstate(over="ignore"):
+        exact = np.exp2(x.astype(np.float64)).astype(np.float32)
+    finite = np.isfinite(exact)
+    np.testing.assert_array_equal(got[~finite], exact[~finite])
+    err = np.abs(got[finite].astype(np.float64) - exact[finite])
+    ulp = np.spacing(np.abs(exact[finite]))
+    assert np.all(err <= ulp), f"exp2 on {device} is {float(np.max(err / ulp))} ulp off"
+    assert got[1] == np.inf and got[2] == 0 and got[3] == np.inf and got[5] == 0 and got[6] == exact[6]
+    with Context(NOOPT=1):  # one element per iteration: the scalar code
+        scalar = exp2_op(x, device)
+    np.testing.assert_array_equal(scalar.view(np.uint32), got.view(np.uint32))
