@@ -48,6 +48,11 @@ def _int(s: sint) -> int:
     return s
 
 
+def stride_order(stride: Optional[sint]) -> int:
+    """A buffer stride as a sort key: an unknown or symbolic one counts as the largest."""
+    return stride if isinstance(stride, int) else 1 << 62
+
+
 def dtype_of(op: LazyOp) -> DType:
     """The dtype an AST node produces."""
     if op.op in (BufferOps.LOAD, BufferOps.CONST, BufferOps.STORE):
@@ -341,7 +346,7 @@ class Kernel:
         axes = self.stage_axes(leaf)
         _check(any(a not in axes for a in local_axes), f"{opt}: no work item reuses what another loads")
         group = prod(_int(self.full_shape[a]) for a in local_axes)
-        tile = self.stage_size(leaf)
+        tile = prod(_int(self.full_shape[a]) for a in axes)
         _check(-(-tile // group) <= MAX_STAGE_COPIES, f"{opt}: {tile} elements are too many for {group} work items")
         nbytes = [self.stage_size(x) * x.arg.dtype.itemsize for x in (*self.staged, leaf)]
         _check(sum(nbytes) <= self.opts.shared_max, f"{opt}: {sum(nbytes)} bytes of shared memory is too much")
@@ -462,7 +467,7 @@ class Kernel:
             fits = [a for a in broadcast if _int(self.full_shape[a]) % vw == 0]
             if fits:
                 strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}
-                return min(fits, key=lambda a: max(s if isinstance(s, int) else 1 << 62 for s in strides[a])), vw
+                return min(fits, key=lambda a: max(stride_order(s) for s in strides[a])), vw
         cols = [a for a in broadcast if a in contiguous]
         col = cols[-1] if cols else broadcast[-1]
         return col, self._divisor(_int(self.full_shape[col]), (8, 4, 2) if vw > 1 else (4, 2))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Union
 
-from tgcore.codegen.kernel import Kernel, dtype_of
+from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
 from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
@@ -484,18 +484,18 @@ class Linearizer:
         local_axes = list(range(k.first_reduce - k.local_dims, k.first_reduce))
         flat: Node = NumNode(0)
         for a in local_axes:  # the work item's position in its workgroup, the last local axis fastest
-            flat = flat * _size(k.full_shape[a]) + self.axis_vars[a]
-        group = prod([_size(k.full_shape[a]) for a in local_axes])
+            flat = flat * _int(k.full_shape[a]) + self.axis_vars[a]
+        group = prod([_int(k.full_shape[a]) for a in local_axes])
         fixed = {*range(k.first_reduce - k.local_dims), *range(k.first_reduce, k.first_upcast - 1)}
         for n, leaf in enumerate(k.staged):
             axes = k.stage_axes(leaf)
-            sizes = [_size(k.full_shape[a]) for a in axes]
+            sizes = [_int(k.full_shape[a]) for a in axes]
             strides = [prod(sizes[i + 1 :]) for i in range(len(sizes))]
             buf = UOp(UOps.DEFINE_LOCAL, PtrDType.of(leaf.arg.dtype), (), (f"stage{n}", prod(sizes)))
             self.header.append(buf)  # shared memory is declared at the kernel's top (OpenCL requires it)
             self.stages[leaf] = (buf, list(zip(axes, strides)))
             # neighbouring work items copy neighbouring elements of the input: its smallest stride varies fastest
-            order = sorted(range(len(axes)), key=lambda j: -_stride_or_max(k.stride_of(leaf, axes[j])))
+            order = sorted(range(len(axes)), key=lambda j: -stride_order(k.stride_of(leaf, axes[j])))
             total = prod(sizes)
             for i in range(-(-total // group)):  # the last round's work items past the tile copy nothing
                 e, coords = flat + i * group, {}
@@ -563,13 +563,3 @@ def _live(uops: list[UOp]) -> list[UOp]:
         keep.append(u)
         read.update(id(s) for s in u.src)
     return keep[::-1]
-
-
-def _size(s: sint) -> int:
-    assert isinstance(s, int), f"expected a concrete size, got {s}"
-    return s
-
-
-def _stride_or_max(stride: Optional[sint]) -> int:
-    """A buffer stride for ordering accesses: an unknown or symbolic one sorts as the largest."""
-    return stride if isinstance(stride, int) else 1 << 62

@@ -42,6 +42,7 @@ class CompiledRunner(Runner):
         self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
         # the common CPU launch: no variables, threads or launch sizes, just the buffers
         self.plain_launch = not p.variables and p.thread_extent is None and p.global_size is None
+        self.parts_per_thread = _PARTS_PER_THREAD if max(p.op_estimate, p.mem_estimate) >= _BALANCE_WORK else 1
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
         if self.plain_launch:
@@ -49,8 +50,9 @@ class CompiledRunner(Runner):
         p = self.p
         vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
         if p.thread_extent is not None:
-            per_thread = _PARTS_PER_THREAD if max(p.op_estimate, p.mem_estimate) >= _BALANCE_WORK else 1
-            return _run_threaded(self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait, per_thread)
+            return _run_threaded(
+                self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait, self.parts_per_thread
+            )
         if p.global_size is None:
             return self.clprg(*[b._opaque for b in bufs], vals=vals, wait=wait)
         gs = tuple(sym_infer(s, var_vals) for s in p.global_size)

@@ -300,15 +300,18 @@ def _graph_key(
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
-        # a float by its value, and 0.0, -0.0 and NaN by their bits (the zeros differ, a NaN equals itself); True and 1
-        # differ by type
-        arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
-        parts.append((op, arg_key, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+        parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
 
 _NOT_FLAT: Any = object()
+
+
+def _arg_key(arg: Any) -> tuple[Any, Any]:
+    """An op's arg in a graph key: a float by its value, and 0.0, -0.0 and NaN by their bits (the zeros differ, a NaN
+    equals itself); True and 1 differ by type."""
+    return (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
 
 
 def _flat_graph_key(b: LazyBuffer) -> Any:
@@ -335,8 +338,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
             if isinstance(arg, Node) or not _plain_ints(sb.shape):
                 return None
             index = nodes[sb] = len(nodes)
-            arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
-            parts.append((const, arg_key, sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
+            parts.append((const, _arg_key(arg), sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
         srcs.append((True, index, st))
     op, arg = b.op, b.arg
     if op not in _CACHEABLE:
@@ -344,8 +346,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
     nodes[b] = index = len(nodes)
-    arg_key = (float, arg.hex()) if type(arg) is float and (arg == 0.0 or arg != arg) else (type(arg), arg)
-    parts.append((op, arg_key, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+    parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     return (tuple(parts), (index,)), list(nodes), list(leaves)
 
 

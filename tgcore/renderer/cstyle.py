@@ -103,13 +103,8 @@ class CStyleLanguage(Renderer):
         return self.render_cast(self.render_math(fn, self.render_cast(x, compute), compute), dt)
 
     def render_fma(self, a: str, b: str, c: str, dt: DType) -> str:
-        """a*b+c rounded once (a renderer with fused_mulacc; dt float32 or float64, or a vector of them)."""
-        if dt.count > 1:
-            scalar = dt.scalar()
-            lanes = ", ".join(
-                self.render_fma(f"({a})[{i}]", f"({b})[{i}]", f"({c})[{i}]", scalar) for i in range(dt.count)
-            )
-            return f"(({self.render_dtype(dt)}){{{lanes}}})"
+        """a*b+c rounded once (a renderer with fused_mulacc; dt float32 or float64; a dialect with vector uops spells
+        vectors itself)."""
         return f"{'fma' if dt == dtypes.float64 else 'fmaf'}({a},{b},{c})"
 
     def render_access(self, buf: str, idx: UOp, names: dict[int, str], dt: Optional[DType] = None) -> str:

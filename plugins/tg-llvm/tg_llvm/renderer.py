@@ -105,11 +105,6 @@ _HELPERS: dict[str, str] = {
 _HELPER_NEEDS: dict[str, tuple[str, ...]] = {"tg_f64_to_f16": ("declare double @llvm.fabs.f64(double)",)}
 
 
-def vec_bool(lanes: int) -> str:
-    """The LLVM type of a comparison of two vectors of `lanes`."""
-    return f"<{lanes} x i1>"
-
-
 def reg_type(dt: DType) -> str:
     """The LLVM type a value of `dt` has in a register (vectors: `<n x float>` and `<n x double>`)."""
     if dt.count != 1:
@@ -431,7 +426,7 @@ class _FunctionWriter:
             if op in (UnaryOps.EXP2, UnaryOps.SQRT):
                 return self.intrinsic(_FLOAT_INTRINSICS[op], ty, srcs[0])
             if op is BinaryOps.MAX:  # numpy's maximum, lane by lane: a NaN in either operand is the result
-                return self.float_max(vec_bool(dt.count), ty, srcs[0], srcs[1])
+                return self.float_max(ty, srcs[0], srcs[1])
             raise NotImplementedError(f"the LLVM renderer has no vector {op}")
         if op is TernaryOps.WHERE:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
@@ -474,18 +469,15 @@ class _FunctionWriter:
             return self.emit(f"fcmp olt {ty} {xs[0]}, {xs[1]}")
         if op is BinaryOps.CMPEQ:
             return self.emit(f"fcmp oeq {ty} {xs[0]}, {xs[1]}")
-        if op is BinaryOps.MAX:  # numpy's maximum: a NaN in either operand is the result
-            if sdt == dtypes.float16:  # compared in float, the operand chosen as it is
-                greater = self.emit(f"fcmp ogt {ty} {xs[0]}, {xs[1]}")
-                a_nan = self.emit(f"fcmp uno {ty} {xs[0]}, 0.0")
-                take_a = self.emit(f"or i1 {greater}, {a_nan}")
-                return self.emit(f"select i1 {take_a}, {reg_type(sdt)} {srcs[0]}, {reg_type(sdt)} {srcs[1]}")
-            return self.float_max("i1", ty, xs[0], xs[1])
+        if op is BinaryOps.MAX:  # compared as they are (a comparison rounds nothing, half included)
+            return self.float_max(reg_type(sdt), srcs[0], srcs[1])
         raise NotImplementedError(f"the LLVM renderer cannot render ALU op {op} on {sdt}")
 
-    def float_max(self, bool_ty: str, ty: str, a: str, b: str) -> str:
-        """(a > b || a != a) ? a : b, CLANG's spelling: NaN in either operand propagates (for scalars or vectors)."""
-        zero = render_const(0.0, dtypes.float64) if " x " not in ty else "zeroinitializer"
+    def float_max(self, ty: str, a: str, b: str) -> str:
+        """numpy's maximum, (a > b || a != a) ? a : b as CLANG spells it: a NaN in either operand is the result (for
+        float scalars or vectors of type `ty`)."""
+        lanes = ty[1:].split(" x ")[0] if ty.startswith("<") else None
+        bool_ty, zero = (f"<{lanes} x i1>", "zeroinitializer") if lanes else ("i1", "0.0")
         greater = self.emit(f"fcmp ogt {ty} {a}, {b}")
         a_nan = self.emit(f"fcmp uno {ty} {a}, {zero}")
         take_a = self.emit(f"or {bool_ty} {greater}, {a_nan}")
