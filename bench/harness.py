@@ -131,6 +131,10 @@ def _print_progress(r: Result) -> None:
 
 
 MIN_RUNS = 3  # timed runs of a figure, at least, whatever its time
+# the warm-up goes on for this long (at most MAX_WARMUP_CALLS calls) after its `warmup` calls: a core that was idle
+# takes a few milliseconds to come up to speed (a 64 MB sum ran 2x slow for its first 3-5 calls, torch's for 1-2)
+WARMUP_S = 0.05
+MAX_WARMUP_CALLS = 20
 
 
 def too_slow(ctx: Context, last: Optional[tuple[str, float]], scale: float, case: str) -> Optional[str]:
@@ -166,7 +170,8 @@ def measure(
     budget_s: float,
     min_runs: int = MIN_RUNS,
 ) -> tuple[list[float], Any]:
-    """Seconds of each timed call of `fn` (then `sync`) after `warmup` untimed calls, and the last call's output.
+    """Seconds of each timed call of `fn` (then `sync`) after `warmup` untimed calls (more until WARMUP_S has passed),
+    and the last call's output.
 
     Runs stop at `repeats`, or earlier once `min_runs` are done and `budget_s` is spent; when the warm-up alone
     overran the budget, one timed run is all there is, so that a slow runner cannot stall the harness."""
@@ -174,10 +179,18 @@ def measure(
     # instead of computing it again (tinygrad's lazycache does, for an op on the same realized inputs)
     out = None
     start = time.perf_counter()
-    for _ in range(warmup):
+    calls, last, warm_from = 0, 0.0, start
+    # (counted from the end of the first call, which may compile; none past warmup for a call as long as WARMUP_S)
+    while calls < warmup or (
+        calls < MAX_WARMUP_CALLS and last < WARMUP_S and time.perf_counter() - warm_from < WARMUP_S
+    ):
         out = None
+        t0 = time.perf_counter()
         out = fn()
         sync()
+        calls, last = calls + 1, time.perf_counter() - t0
+        if calls == 1:
+            warm_from = time.perf_counter()
     if time.perf_counter() - start > budget_s:
         min_runs = 1
     times: list[float] = []

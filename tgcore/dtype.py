@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -252,6 +253,7 @@ def _upper_bounds(dt: DType) -> set[DType]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)  # asked for on every sum and every binary op of mixed dtypes
 def least_upper_dtype(*ds: DType) -> DType:
     """The smallest dtype every one of `ds` promotes to."""
     if not ds:

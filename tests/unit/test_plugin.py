@@ -305,13 +305,20 @@ def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
 
     from tgcore.device import ALIGNMENT
 
+    from tgcore.device import _HUGE_PAGES, HUGE_PAGE
+
     allocator = MallocAllocator()
-    for size in (1, 3, 64, 1000, 1 << 20):
+    for size in (1, 3, 64, 1000, 1 << 20, HUGE_PAGE, 3 * HUGE_PAGE + 5):
         buf = allocator.alloc(size)
         assert ctypes.addressof(buf) % ALIGNMENT == 0 and len(buf) == size
+        assert not any(bytes(buf[:4096])) and not any(bytes(buf[-4096:]))  # fresh memory reads as zeros
+        if size >= HUGE_PAGE and _HUGE_PAGES:  # a mapping of its own, on a huge-page boundary
+            assert ctypes.addressof(buf) % HUGE_PAGE == 0
         data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
         allocator.copyin(buf, memoryview(data))
         out = bytearray(size)
         allocator.copyout(memoryview(out), buf)
         assert bytes(out) == data
+        if size > 8:  # a view at an offset reads the same memory
+            assert bytes(allocator.offset(buf, 8, size - 8)) == data[-8:]
         allocator.free(buf, size)

@@ -498,3 +498,17 @@ def test_view_and_shapetracker_caches_keep_arguments_exact() -> None:
     st = ShapeTracker.from_shape((i.bind(4), 3))
     assert st.shape[0].val == 4 and ShapeTracker.from_shape((i, 3)).shape[0].val is None
     assert hash(View.create((4, 5), (5, 1))) == hash(View._create((4, 5), (5, 1), 0, None))
+
+
+def test_reshapes_are_remembered_per_tracker_for_plain_shapes() -> None:
+    st = ShapeTracker.from_shape((4, 6)).permute((1, 0))
+    first = st.reshape((2, 3, 4))
+    assert st.reshape([2, 3, 4]) is first and first == ShapeTracker(st.views).reshape((2, 3, 4))
+    assert st.reshape((24,)) == ShapeTracker(st.views).reshape((24,)) and len(st.reshape((24,)).views) == 2
+    for _ in range(2):  # a bad reshape raises every time, not only the first
+        with pytest.raises(ValueError):
+            st.reshape((5, 5))
+    i = Variable("i", 1, 10)
+    sym = ShapeTracker.from_shape((i.bind(4), 6))
+    assert sym.reshape((i.bind(4), 2, 3)).shape[0].val == 4  # symbolic shapes are not remembered: bindings stay
+    assert sym.reshape((i, 2, 3)).shape[0].val is None

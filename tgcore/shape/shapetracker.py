@@ -294,10 +294,20 @@ class ShapeTracker:
 
     def reshape(self, new_shape: Sequence[sint]) -> "ShapeTracker":
         new_shape = tuple(new_shape)
+        # remembered per tracker for plain int shapes: a program reshapes the same trackers the same way at every
+        # step (a sum's two stages are five reshapes). Per object, not in a global table, because a bound Variable
+        # compares equal to the unbound one and must not be swapped for it.
+        cache = self.__dict__.get("_reshapes")
+        if cache is not None and (ret := cache.get(new_shape)) is not None:
+            return ret
         nv = self.views[-1].reshape(new_shape)
-        if nv is not None:
-            return self._replace_last(nv)
-        return ShapeTracker(self.views + (View.create(new_shape),))
+        ret = self._replace_last(nv) if nv is not None else ShapeTracker(self.views + (View.create(new_shape),))
+        if _plain_ints(new_shape):
+            if cache is None:
+                object.__setattr__(self, "_reshapes", cache := {})
+            if len(cache) < 16:
+                cache[new_shape] = ret
+        return ret
 
     def permute(self, axis: Sequence[int]) -> "ShapeTracker":
         return self._replace_last(self.views[-1].permute(tuple(axis)))
