@@ -303,9 +303,7 @@ def test_instances_are_probed_and_parts_see_the_instance(registered):
 def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
     import ctypes
 
-    from tgcore.device import ALIGNMENT
-
-    from tgcore.device import _HUGE_PAGES, HUGE_PAGE
+    from tgcore.device import _HUGE_PAGES, ALIGNMENT, HUGE_PAGE
 
     allocator = MallocAllocator()
     for size in (1, 3, 64, 1000, 1 << 20, HUGE_PAGE, 3 * HUGE_PAGE + 5):

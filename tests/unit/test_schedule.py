@@ -244,11 +244,20 @@ def test_big_full_reduce_runs_in_two_stages(n: int) -> None:
 def test_long_rows_are_reduced_in_two_stages_but_contractions_are_not() -> None:
     a_np = data(4, 1 << 14)
     a = Tensor(a_np)
-    assert store_items(a.sum(axis=1)) == 2  # a long last axis: 64 partial results per row, then their sum
+    assert store_items(a.sum(axis=1)) == 2  # a long last axis: 16 partial results per row, then their sum
     np.testing.assert_allclose(a.sum(axis=1).numpy(), a_np.sum(axis=1), rtol=1e-4, atol=1e-3)
+    # in exactly this order, on every device: lane l of row r adds a[r, l], a[r, 16 + l], ... in float32, then
+    # each row adds its 16 lanes from the first
+    lanes = np.zeros((4, 16), np.float32)
+    for chunk in a_np.reshape(4, -1, 16).transpose(1, 0, 2):
+        lanes += chunk
+    rows = np.zeros(4, np.float32)
+    for lane in lanes.T:
+        rows += lane
+    np.testing.assert_array_equal(a.sum(axis=1).numpy(), rows)
     np.testing.assert_array_equal(a.max(axis=1).numpy(), a_np.max(axis=1))
-    for out in (a.sum(axis=0), Tensor(data(1000)).sum(), a[:, :2000].sum(axis=1)):
-        assert store_items(out) == 1  # not the last axis alone, too short, or not a multiple of 64
+    for out in (a.sum(axis=0), Tensor(data(1000)).sum(), a[:, :2000].sum(axis=1), a[:, :2050].sum(axis=1)):
+        assert store_items(out) == 1  # not the last axis alone, too short, or not a multiple of 16
     x_np, w_np = data(3, 4096), data(4096, 2, seed=1)
     mm = Tensor(x_np) @ Tensor(w_np)  # a reduce over broadcast operands stays one (tiled) kernel
     assert store_items(mm) == 1
