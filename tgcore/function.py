@@ -269,6 +269,24 @@ class Where(Function):
         )
 
 
+class Maximum(Function):
+    # the larger of two floats, with NaN winning (numpy's maximum) as one MAX. A tie sends half the gradient each
+    # way; a NaN in y takes all of it, like the larger operand
+    def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
+        self.x, self.y = x, y
+        return x.e(BinaryOps.MAX, y)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        x, y, g = self.x, self.y, grad_output
+        y_is_nan = y.e(BinaryOps.CMPEQ, y).e(TernaryOps.WHERE, g.const(0), g.const(1))
+        tie_or_nan = x.e(BinaryOps.CMPEQ, y).e(TernaryOps.WHERE, g.const(0.5), y_is_nan)
+        to_y = x.e(BinaryOps.CMPLT, y).e(TernaryOps.WHERE, g.const(1), tie_or_nan)
+        return (
+            g.const(1).e(BinaryOps.SUB, to_y).e(BinaryOps.MUL, g) if self.needs_input_grad[0] else None,
+            to_y.e(BinaryOps.MUL, g) if self.needs_input_grad[1] else None,
+        )
+
+
 # ***** reduce ops *****
 
 

@@ -1599,8 +1599,9 @@ class Tensor:
     def maximum(self, x: Union[Tensor, ConstType]) -> Tensor:
         """Elementwise max; NaN wins like numpy's maximum, and a tie splits the gradient."""
         a, b = self._broadcasted(x)
-        tie = (a * 0.5 + b * 0.5).cast(a.dtype) if dtypes.is_float(a.dtype) else a
-        return (a < b).detach().where(b, (a == b).detach().where(tie, (b != b).detach().where(b, a)))
+        if dtypes.is_float(a.dtype):
+            return F.Maximum.apply(a, b)
+        return (a < b).detach().where(b, a)
 
     def minimum(self, x: Union[Tensor, ConstType]) -> Tensor:
         """Elementwise min; NaN wins like numpy's minimum, and a tie splits the gradient."""

@@ -1353,6 +1353,24 @@ def test_grad_max_ties_split() -> None:
     a.maximum(b).sum().backward()
     close(a.grad, np.float32([0.5, 0.0]))
     close(b.grad, np.float32([0.5, 1.0]))
+    # a NaN operand wins the value (numpy's maximum) and takes the gradient; minimum mirrors it
+    a_np = np.float32([np.nan, 1.0, np.nan, 4.0, 2.0])
+    b_np = np.float32([1.0, np.nan, np.nan, 4.0, 5.0])
+    for fn, pick_b in ((Tensor.maximum, [0, 1, 1, 0.5, 1]), (Tensor.minimum, [0, 1, 1, 0.5, 0])):
+        a, b = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=True)
+        out = fn(a, b)
+        np.testing.assert_array_equal(out.numpy(), (np.maximum if fn is Tensor.maximum else np.minimum)(a_np, b_np))
+        (out * 2).sum().backward()
+        np.testing.assert_array_equal(b.grad.numpy(), 2 * np.float32(pick_b))
+        np.testing.assert_array_equal(a.grad.numpy(), 2 - 2 * np.float32(pick_b))
+
+
+def test_float_maximum_is_one_max_op() -> None:
+    from tgcore.ops import BinaryOps, TernaryOps
+
+    a, b = Tensor(np.float32([1.0, 5.0])), Tensor(np.float32([2.0, 3.0]))
+    ops = [x.op for x in a.maximum(b).schedule()[-1].ast.lazyops()]
+    assert ops.count(BinaryOps.MAX) == 1 and TernaryOps.WHERE not in ops and BinaryOps.CMPLT not in ops
 
 
 def test_grad_accumulates() -> None:
