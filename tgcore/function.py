@@ -129,6 +129,27 @@ class Exp(Function):
         return self.ret.e(BinaryOps.MUL, grad_output)
 
 
+class Exp2(Function):
+    # 2**x as the EXP2 op itself: through exp (x * ln 2, then / ln 2) the argument picks up a rounding error that
+    # exp2 multiplies (up to ~90 ulp near 128 in float32)
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.ret = x.e(UnaryOps.EXP2)
+        return self.ret
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return self.ret.e(BinaryOps.MUL, self.ret.const(math.log(2))).e(BinaryOps.MUL, grad_output)
+
+
+class Log2(Function):
+    # log2(x) as the LOG2 op itself (not log(x) / ln 2, two more roundings)
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return x.e(UnaryOps.LOG2)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(BinaryOps.DIV, self.x.e(BinaryOps.MUL, self.x.const(math.log(2))))
+
+
 class Sqrt(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.ret = x.e(UnaryOps.SQRT)

@@ -1325,13 +1325,13 @@ class Tensor:
         return F.Log.apply(self.cast(least_upper_float(self.dtype)))
 
     def log2(self) -> Tensor:
-        return self.log() / math.log(2)
+        return F.Log2.apply(self.cast(least_upper_float(self.dtype)))
 
     def exp(self) -> Tensor:
         return F.Exp.apply(self.cast(least_upper_float(self.dtype)))
 
     def exp2(self) -> Tensor:
-        return F.Exp.apply(self.cast(least_upper_float(self.dtype)) * math.log(2))
+        return F.Exp2.apply(self.cast(least_upper_float(self.dtype)))
 
     def sqrt(self) -> Tensor:
         return F.Sqrt.apply(self.cast(least_upper_float(self.dtype)))

@@ -1455,3 +1455,22 @@ def test_python_scalar_operands_follow_the_promotion_rules() -> None:
     x = Tensor([1.0, 2.0], requires_grad=True)
     (x * 3 + 1).sum().backward()
     assert x.grad is not None and x.grad.tolist() == [3.0, 3.0]
+
+
+def test_exp2_and_log2_are_their_own_ops() -> None:
+    # not exp(x * ln 2) and log(x) / ln 2: those add roundings that exp2 magnifies (~90 ulp near 2**128)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-126, 128, 4000).astype(np.float32)
+    ref = np.exp2(x.astype(np.float64))
+    ulps = np.abs(Tensor(x).exp2().numpy().astype(np.float64) - ref) / np.spacing(ref.astype(np.float32))
+    assert ulps.max() <= 3
+    y = rng.uniform(1e-30, 1e30, 4000).astype(np.float32)
+    ref = np.log2(y.astype(np.float64))
+    ulps = np.abs(Tensor(y).log2().numpy().astype(np.float64) - ref) / np.spacing(np.abs(ref).astype(np.float32))
+    assert ulps.max() <= 3
+    t = Tensor(np.float32([-1.5, 0.5, 3.0]), requires_grad=True)
+    (t.exp2() * 2).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), 2 * np.exp2([-1.5, 0.5, 3.0]) * np.log(2), rtol=1e-6)
+    t = Tensor(np.float32([0.5, 3.0]), requires_grad=True)
+    t.log2().sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), 1 / (np.float32([0.5, 3.0]) * np.log(2)), rtol=1e-6)
