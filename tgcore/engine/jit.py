@@ -77,8 +77,8 @@ class TinyJit(Generic[ReturnType]):
         """Forget the recording; the next call runs the function again."""
         self.cnt = 0
         self.jit_cache: list[ExecItem] = []
-        self.input_slots: list[tuple[int, int]] = []  # (exec item, buffer position) -> which input goes there
-        self.input_index: list[int] = []
+        # (exec item, buffer position, input): the buffer of that input goes there
+        self.input_places: list[tuple[int, int, int]] = []
         self.signature: list[_InputSignature] = []
         self.ret: Any = None
 
@@ -119,12 +119,11 @@ class TinyJit(Generic[ReturnType]):
             raise JitError(f"{getattr(self.fxn, '__name__', 'the function')} ran no kernel: nothing to jit")
         buffers = {id(t.lazydata.base.realized): i for i, t in enumerate(tensors)}
         self.jit_cache = recorded
-        self.input_slots, self.input_index = [], []
+        self.input_places = []
         for j, ei in enumerate(recorded):
             for k, b in enumerate(ei.bufs):
                 if id(b) in buffers:
-                    self.input_slots.append((j, k))
-                    self.input_index.append(buffers[id(b)])
+                    self.input_places.append((j, k, buffers[id(b)]))
         self.signature = [_InputSignature(t.shape, t.dtype, t.device) for t in tensors]
         self.exact_signature = [(t.shape, t.dtype, t.device) for t in tensors]
         compiled = [ei.prg for ei in recorded if isinstance(ei.prg, CompiledRunner)]
@@ -134,14 +133,11 @@ class TinyJit(Generic[ReturnType]):
 
     def _replay_buffers(self, lbs: list[Any], var_vals: dict[Variable, int]) -> ReturnType:
         """The replay of plain realized inputs: launch the recorded programs directly, without the lazy graph."""
-        signature = self.exact_signature
-        if len(lbs) != len(signature):
-            return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # a wrong call: _replay says why
-        for lb, (shape, dtype, device) in zip(lbs, signature):
-            if lb.shape != shape or lb.dtype != dtype or lb.device != device:
-                return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # symbolic shapes, or a wrong call
+        # one list comparison (tuples compare items by identity first: no DType.__eq__ call for the same dtype)
+        if [(lb.shape, lb.dtype, lb.device) for lb in lbs] != self.exact_signature:
+            return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # symbolic shapes, or a wrong call
         cache = self.jit_cache
-        for (j, k), i in zip(self.input_slots, self.input_index):
+        for j, k, i in self.input_places:
             cache[j].bufs[k] = lbs[i].realized
         if DEBUG.value >= 2:
             for ei in cache:
@@ -167,7 +163,7 @@ class TinyJit(Generic[ReturnType]):
                 "call .reset() to record again)"
             )
         bufs: list[Buffer] = [t.lazydata.base.realized for t in tensors]
-        for (j, k), i in zip(self.input_slots, self.input_index):
+        for j, k, i in self.input_places:
             self.jit_cache[j].bufs[k] = bufs[i]
         for ei in self.jit_cache:
             ei.run(var_vals)
