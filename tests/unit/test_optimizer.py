@@ -236,6 +236,10 @@ def test_hoisted_reduce_keeps_results_on_cpu_devices(device: str) -> None:
     # big enough for the heuristics to block it for the cache
     k = check(device, lambda a, b: a @ b, data((16, 512)), data((512, 256)))
     assert OptOps.HOIST in {o.op for o in k.applied_opts}
+    # a reduce of 392 steps runs in blocks of 196, and 10 column tiles in panels of 5
+    k = check(device, lambda a, b: a @ b, data((16, 392)), data((392, 320)))
+    splits = [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT]
+    assert OptOps.HOIST in {o.op for o in k.applied_opts} and 196 in splits and 5 in splits
 
 
 def test_hoist_is_refused_where_it_cannot_keep_results() -> None:

@@ -473,7 +473,7 @@ class Kernel:
         return col, self._divisor(_int(self.full_shape[col]), (8, 4, 2) if vw > 1 else (4, 2))
 
     def _block_for_cache(self, row: int, col: int) -> None:
-        """CPU loops over a big matmul-like reduce: run the reduce in blocks of BLOCK_REDUCE steps, each over a
+        """CPU loops over a big matmul-like reduce: run the reduce in blocks of about BLOCK_REDUCE steps, each over a
         panel of output tiles that keeps its share of both inputs in cache (the partial sums wait in the output, so
         every output still adds its elements in order). The tile's row and column axes must be the last globals."""
         if (
@@ -487,14 +487,21 @@ class Kernel:
         ):
             return
         size, blocks = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
-        if size < 2 * BLOCK_REDUCE or size % BLOCK_REDUCE or blocks % PANEL_TILES or blocks == PANEL_TILES:
+        # the reduce steps of a block: BLOCK_REDUCE, or the divisor of the reduce nearest below it down to half of it
+        # (784 = 4 x 196 blocks); a reduce that no such block divides runs unblocked
+        step = next((b for b in range(BLOCK_REDUCE, BLOCK_REDUCE // 2 - 1, -1) if size % b == 0), 0)
+        # tiles of a panel: PANEL_TILES, or a near count that divides the tiles (1040 columns: 65 tiles, 13 panels)
+        panel = next(
+            (p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if blocks % p == 0), 0
+        )
+        if not step or size < 2 * step or not panel or blocks == panel:
             return
         saved = self.copy()
         try:
             # [.., rows, cols] -> [.., panels, rows, tiles of a panel] -> reduce [blocks, steps]
-            self.apply_opt(Opt(OptOps.SPLIT, col, PANEL_TILES))
+            self.apply_opt(Opt(OptOps.SPLIT, col, panel))
             self.apply_opt(Opt(OptOps.SWAP, row, col))
-            self.apply_opt(Opt(OptOps.SPLIT, self.first_reduce, BLOCK_REDUCE))
+            self.apply_opt(Opt(OptOps.SPLIT, self.first_reduce, step))
             self.apply_opt(Opt(OptOps.HOIST, 2, 1))
         except KernelOptError:
             self.__dict__.update(saved.__dict__)
