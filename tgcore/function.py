@@ -6,6 +6,7 @@ import math
 from operator import attrgetter
 from typing import Any, Optional
 
+from tgcore import lazymath
 from tgcore.dtype import DType, dtypes, sum_acc_dtype
 from tgcore.helpers import argsort
 from tgcore.lazy import LazyBuffer
@@ -97,8 +98,16 @@ class Sin(Function):
         return x.e(UnaryOps.SIN)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        # cos(x) = sin(pi/2 - x)
-        return self.x.const(math.pi / 2).e(BinaryOps.SUB, self.x).e(UnaryOps.SIN).e(BinaryOps.MUL, grad_output)
+        return lazymath.cos(self.x).e(BinaryOps.MUL, grad_output)
+
+
+class Cos(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.cos(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return self.x.e(UnaryOps.SIN).e(UnaryOps.NEG).e(BinaryOps.MUL, grad_output)
 
 
 class Relu(Function):
@@ -122,11 +131,68 @@ class Log(Function):
 
 class Exp(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        self.ret = x.e(BinaryOps.MUL, x.const(1 / math.log(2))).e(UnaryOps.EXP2)
+        self.ret = lazymath.exp(x)
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return self.ret.e(BinaryOps.MUL, grad_output)
+
+
+class Expm1(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.expm1(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return lazymath.exp(self.x).e(BinaryOps.MUL, grad_output)  # (not expm1 + 1: -1 + 1 is 0 for x < -17)
+
+
+class Log1p(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.log1p(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.e(BinaryOps.DIV, self.x.e(BinaryOps.ADD, self.x.const(1)))
+
+
+class Tanh(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.tanh(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        # 1 / cosh(x)^2, not 1 - tanh(x)^2, which cancels as tanh(x) nears 1
+        c = lazymath.cosh(self.x)
+        return grad_output.e(BinaryOps.DIV, c.e(BinaryOps.MUL, c))
+
+
+class Sinh(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.sinh(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return lazymath.cosh(self.x).e(BinaryOps.MUL, grad_output)
+
+
+class Cosh(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.cosh(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return lazymath.sinh(self.x).e(BinaryOps.MUL, grad_output)
+
+
+class Softplus(Function):
+    # log(1 + e^x); the gradient is sigmoid(x)
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        self.x = x
+        return lazymath.softplus(x)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return lazymath.sigmoid(self.x).e(BinaryOps.MUL, grad_output)
 
 
 class Exp2(Function):
@@ -160,11 +226,9 @@ class Sqrt(Function):
 
 
 class Sigmoid(Function):
-    # 1 / (1 + exp(-x)), through exp2
+    # 1 / (1 + exp(-x))
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        self.ret = x.const(1).e(
-            BinaryOps.DIV, x.const(1).e(BinaryOps.ADD, x.e(BinaryOps.MUL, x.const(-1 / math.log(2))).e(UnaryOps.EXP2))
-        )
+        self.ret = lazymath.sigmoid(x)
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:

@@ -1343,7 +1343,7 @@ class Tensor:
         return F.Sin.apply(self.cast(least_upper_float(self.dtype)))
 
     def cos(self) -> Tensor:
-        return ((math.pi / 2) - self).sin()
+        return F.Cos.apply(self.cast(least_upper_float(self.dtype)))
 
     def tan(self) -> Tensor:
         return self.sin() / self.cos()
@@ -1355,7 +1355,15 @@ class Tensor:
         return F.Sigmoid.apply(self.cast(least_upper_float(self.dtype)))
 
     def tanh(self) -> Tensor:
-        return 2.0 * ((2.0 * self).sigmoid()) - 1.0
+        return F.Tanh.apply(self.cast(least_upper_float(self.dtype)))
+
+    def expm1(self) -> Tensor:
+        """exp(x) - 1, accurate for x near 0 too (numpy's expm1)."""
+        return F.Expm1.apply(self.cast(least_upper_float(self.dtype)))
+
+    def log1p(self) -> Tensor:
+        """log(1 + x), accurate for x near 0 too (numpy's log1p)."""
+        return F.Log1p.apply(self.cast(least_upper_float(self.dtype)))
 
     def gelu(self) -> Tensor:
         return 0.5 * self * (1 + (self * 0.7978845608 * (1 + 0.044715 * self * self)).tanh())
@@ -1435,10 +1443,10 @@ class Tensor:
         return self * (self + 3).relu6() * (1 / 6)
 
     def elu(self, alpha: float = 1.0) -> Tensor:
-        return self.relu() - alpha * (1 - self.exp()).relu()
+        return self.relu() + alpha * self.minimum(0).expm1()
 
     def celu(self, alpha: float = 1.0) -> Tensor:
-        return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+        return self.maximum(0) + alpha * (self / alpha).minimum(0).expm1()
 
     def quick_gelu(self) -> Tensor:
         return self * (self * 1.702).sigmoid()
@@ -1451,9 +1459,9 @@ class Tensor:
 
     def softplus(self, beta: float = 1) -> Tensor:
         """log(1 + exp(beta * x)) / beta, computed without overflow for large x."""
-        bx = self * beta
-        m = bx.relu().detach()  # any shift gives the same value and gradient; this one keeps exp() <= 1
-        return (m + ((-m).exp() + (bx - m).exp()).log()) * (1 / beta)
+        bx = (self if beta == 1 else self * beta).cast(least_upper_float(self.dtype))
+        out = F.Softplus.apply(bx)  # max(bx, 0) + log1p(exp(-|bx|)): exp(bx) itself for very negative bx
+        return out if beta == 1 else out * (1 / beta)
 
     def mish(self) -> Tensor:
         return self * self.softplus().tanh()
@@ -1462,13 +1470,17 @@ class Tensor:
         return self / (1 + self.abs())
 
     def sinh(self) -> Tensor:
-        return (self.exp() - self.neg().exp()) / 2
+        return F.Sinh.apply(self.cast(least_upper_float(self.dtype)))
 
     def cosh(self) -> Tensor:
-        return (self.exp() + self.neg().exp()) / 2
+        return F.Cosh.apply(self.cast(least_upper_float(self.dtype)))
 
     def atanh(self) -> Tensor:
-        return ((1 + self) / (1 - self)).log() / 2
+        # odd: computed on |x| as log1p(2|x| / (1 - |x|)) / 2, where neither 1 + ... nor log cancels
+        neg = self < 0
+        a = neg.where(-self, self)
+        ret = (2 * a / (1 - a)).log1p() / 2
+        return neg.where(-ret, ret)
 
     def asinh(self) -> Tensor:
         # odd: computed on |x|, where x + sqrt(x^2 + 1) does not cancel; log(2|x|) where x^2 would overflow
@@ -1477,13 +1489,17 @@ class Tensor:
         a = neg.where(-self, self)
         big = a > 1e18
         small = big.where(0, a)
-        ret = big.where(a.maximum(1).log() + math.log(2), (small + (small.square() + 1).sqrt()).log())
+        # log(a + sqrt(a^2 + 1)) as log1p(a + a^2 / (1 + sqrt(a^2 + 1))): no cancellation near 0
+        sq = small.square()
+        ret = big.where(a.maximum(1).log() + math.log(2), (small + sq / (1 + (sq + 1).sqrt())).log1p())
         return neg.where(-ret, ret)
 
     def acosh(self) -> Tensor:
         big = self > 1e18
         small = big.where(2, self)
-        return big.where(self.maximum(1).log() + math.log(2), (small + (small.square() - 1).sqrt()).log())
+        # log(x + sqrt(x^2 - 1)) as log1p((x - 1) + sqrt((x - 1)(x + 1))): accurate near 1, where x - 1 is exact
+        t = small - 1
+        return big.where(self.maximum(1).log() + math.log(2), (t + (t * (small + 1)).sqrt()).log1p())
 
     # ***** binary math *****
 
@@ -1588,8 +1604,15 @@ class Tensor:
         base, exponent = self._broadcasted(x, reverse)
         if not dtypes.is_float(base.dtype):
             base, exponent = base.cast(dtypes.default_float), exponent.cast(dtypes.default_float)
-        # |b|^e through exp and log, with the sign fixed for negative bases and integer exponents
-        mag = (exponent * base.abs().log()).exp()
+        # |b|^e through exp and log, with the sign fixed for negative bases and integer exponents. The product
+        # e * log|b| is rounded, and exp turns its error into a relative one as large as the product (~25 ulp for
+        # float32 powers of 1e5): so it is formed in the next wider float the device has
+        wide = _WIDER_FLOAT.get(base.dtype)
+        devices = base.device if isinstance(base.device, tuple) else (base.device,)
+        if wide is not None and all(wide in Device[d].spec.dtypes for d in devices):
+            mag = (exponent.cast(wide) * base.cast(wide).abs().log()).exp().cast(base.dtype)
+        else:
+            mag = (exponent * base.abs().log()).exp()
         odd = (exponent - 2 * (exponent / 2).floor()) == 1
         is_int = exponent == exponent.trunc()
         neg = base < 0
@@ -1872,6 +1895,10 @@ class _IndexPlan:
     strides: list[int] = dataclasses.field(default_factory=list)
     out_shape: list[sint] = dataclasses.field(default_factory=list)
     advanced: list[tuple[int, Tensor]] = dataclasses.field(default_factory=list)
+
+
+# the float a float power is computed in (Tensor.pow), where the device has it
+_WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32, dtypes.float32: dtypes.float64}
 
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:

@@ -91,7 +91,8 @@ class CStyleLanguage(Renderer):
     def render_bitcast(self, name: str, x: str, dt: DType) -> list[str]:
         """Statements that declare `name` of type `dt` with the bits of `x`."""
         t = self.render_dtype(dt)
-        return [f"{t} {name};", f"__builtin_memcpy(&{name}, &{x}, sizeof({t}));"]
+        src = x if x.isidentifier() else f"(__typeof__({x})){{{x}}}"  # a folded constant: as a compound literal
+        return [f"{t} {name};", f"__builtin_memcpy(&{name}, &{src}, sizeof({t}));"]
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         """A libm-style call: fn is exp2/log2/sin/sqrt; float32 uses the `f` variant."""

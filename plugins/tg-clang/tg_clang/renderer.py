@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from tgcore.dtype import DType, PtrDType, dtypes
-from tgcore.ops import UnaryOps
+from tgcore.ops import BinaryOps, Op, UnaryOps
 from tgcore.renderer.cstyle import CStyleLanguage
 
 # float32 exp2 in plain C arithmetic (scalar and GCC/clang vector versions, the same operations so that both give
@@ -71,6 +71,20 @@ def _fma_vector(scalar: str, n: int) -> str:
     )
 
 
+# NaN-propagating max of whole vectors (MAX; a ternary on vectors is C++ only): lane masks select a's bits where a
+# is larger or NaN, else b's
+def _max_vector(scalar: str, n: int) -> str:
+    size = n * (4 if scalar == "float" else 8)
+    t, i = f"tg_max_{scalar}{n}", f"tg_max_{scalar}_i{n}"
+    name = f"tg_max{'f' if scalar == 'float' else ''}{n}"
+    return (
+        f"typedef {scalar} {t} __attribute__((vector_size({size}), aligned(4), may_alias));\n"
+        f"typedef {'int' if scalar == 'float' else 'long long'} {i} __attribute__((vector_size({size}), aligned(4)));\n"
+        f"static inline {t} {name}({t} a, {t} b) {{\n"
+        f"  {i} m = (a > b) | (a != a);\n  return ({t})((({i})a & m) | (({i})b & ~m));\n}}\n"
+    )
+
+
 # the libm functions a kernel may call, declared instead of including <math.h> (which takes the compiler ~20 ms to
 # read: a third of a small kernel's build), and the exp2 and vector FMA routines
 _HEADER = (
@@ -80,6 +94,7 @@ _HEADER = (
     + _EXP2_SCALAR
     + "".join(_exp2_vector(n) for n in (2, 4, 8, 16))
     + "".join(_fma_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
+    + "".join(_max_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
 )
 
 
@@ -117,7 +132,8 @@ class ClangRenderer(CStyleLanguage):
     # a float SUM of products accumulates with fmaf / fma (the compiler emits FMA instructions, lane by lane vectors
     # become one vector FMA); -ffp-contract=off keeps every other multiply and add rounding on its own
     fused_mulacc = True
-    vector_math = (UnaryOps.EXP2,)  # float32 vectors: tg_exp2f<n>; float64 vectors: lane by lane through libm
+    # float32 vectors: tg_exp2f<n>, float64 ones lane by lane through libm; MAX: tg_maxf<n> / tg_max<n>
+    vector_math = (UnaryOps.EXP2, BinaryOps.MAX)
     infinity = "__builtin_inff()"
     nan = '__builtin_nanf("")'
 
@@ -133,6 +149,11 @@ class ClangRenderer(CStyleLanguage):
         if dt.count > 1:  # the header's vector routine
             return f"tg_{'fmaf' if dt.scalar() == dtypes.float32 else 'fma'}{dt.count}({a}, {b}, {c})"
         return super().render_fma(a, b, c, dt)
+
+    def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
+        if op is BinaryOps.MAX and dt.count > 1:  # the header's vector routine
+            return f"tg_max{'f' if dt.scalar() == dtypes.float32 else ''}{dt.count}({srcs[0]}, {srcs[1]})"
+        return super().render_alu(op, srcs, dt, src_dt)
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         if dt.count > 1:

@@ -173,6 +173,36 @@ def test_unary_float(executing: Target, op: str, dtype: DType, rng: np.random.Ge
                  atol=atol, rtol=rtol, inputs=[("x", x)])
 
 
+# where plain compositions of exp2 / log2 / sin lose every digit: values near 0 (and near cos's zeros, exp's
+# overflow), each within the device's relative tolerance widened to 4 ulps, with no absolute slack
+UNARY_RELATIVE: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.ndarray],
+                                 tuple[float, float]]] = {
+    "tanh": (Tensor.tanh, np.tanh, (-1e-4, 1e-4)),
+    "sinh": (Tensor.sinh, np.sinh, (-1e-4, 1e-4)),
+    "expm1": (Tensor.expm1, np.expm1, (-1e-5, 1e-5)),
+    "log1p": (Tensor.log1p, np.log1p, (-1e-5, 1e-5)),
+    "atanh": (Tensor.atanh, np.arctanh, (-1e-4, 1e-4)),
+    "asinh": (Tensor.asinh, np.arcsinh, (-1e-4, 1e-4)),
+    "softplus": (Tensor.softplus, lambda x: np.logaddexp(0, x), (-80, -20)),
+    "cos": (Tensor.cos, np.cos, (1.5707, 1.5709)),
+    "cos of large x": (Tensor.cos, np.cos, (-1e6, 1e6)),
+    "exp": (Tensor.exp, np.exp, (80, 88.7)),
+}
+
+
+@pytest.mark.parametrize("op", list(UNARY_RELATIVE))
+def test_unary_relative(executing: Target, op: str, rng: np.random.Generator) -> None:
+    """Float32 functions keep their relative accuracy where the result is small or the argument large."""
+    executing.require(F32)
+    fn, reference, (low, high) = UNARY_RELATIVE[op]
+    x = values(F32, (5, 7), rng, low, high)
+    _, rtol = composite_tolerance(executing, F32)
+    exp = ref.round_to(reference(x.astype(np.float64)), F32)
+    got = fn(tensor(executing, x, F32)).numpy()
+    assert_array(f"Tensor.{fn.__name__} on f32 in [{low}, {high}]", executing.name, got, exp, atol=0.0, rtol=rtol,
+                 inputs=[("x", x)])
+
+
 @pytest.mark.parametrize("op,dtype", UNARY_EXACT_CASES)
 def test_unary_exact(executing: Target, op: str, dtype: DType, rng: np.random.Generator) -> None:
     """Functions with exact results (integers wrap like numpy's)."""
