@@ -12,14 +12,15 @@ few ulps of the exact value (the tests measure them against float64 / exact refe
   u = 1 + x: the rounding error of u cancels between numerator and denominator.
 - cos: sin(2x) / (2 sin(x)), the device's SIN (which reduces any argument exactly) twice.
 
-For float16 and bfloat16 the routines other than cos are the plain compositions, within those dtypes' few ulps.
-Every routine takes and returns LazyBuffers of one float dtype; inputs outside a function's domain give what numpy
-gives (inf, NaN).
+float16 and bfloat16 arguments are computed in float32 and rounded back. Every routine takes and returns LazyBuffers
+of one float dtype; inputs outside a function's domain give what numpy gives (inf, NaN).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 from tgcore.dtype import dtypes
 from tgcore.lazy import LazyBuffer
@@ -44,17 +45,19 @@ _PARAMS = {
 }
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 # cos by doubling up to this magnitude (2x stays finite), per float dtype
-_COS_DOUBLING_MAX = {
-    dtypes.float16: 2.0**14,
-    dtypes.bfloat16: 2.0**126,
-    dtypes.float32: 2.0**126,
-    dtypes.float64: 2.0**1022,
-}
+_COS_DOUBLING_MAX = {dtypes.float32: 2.0**126, dtypes.float64: 2.0**1022}
 
 
-def accurate(x: LazyBuffer) -> bool:
-    """Whether the routines here compose x's dtype themselves (float32, float64) rather than plainly."""
-    return x.dtype in _PARAMS
+def _in_float32_for_halves(fn: Callable[[LazyBuffer], LazyBuffer]) -> Callable[[LazyBuffer], LazyBuffer]:
+    """float16 and bfloat16 arguments go through float32 (every device has it) and the result is rounded back."""
+
+    @functools.wraps(fn)
+    def wrapper(x: LazyBuffer) -> LazyBuffer:
+        if x.dtype in _PARAMS:
+            return fn(x)
+        return fn(x.cast(dtypes.float32)).cast(x.dtype)
+
+    return wrapper
 
 
 def _c(x: LazyBuffer, v: float) -> LazyBuffer:
@@ -100,14 +103,14 @@ def _clamp(x: LazyBuffer, lo: float, hi: float) -> LazyBuffer:
     return x.e(BinaryOps.MAX, _c(x, lo)).e(UnaryOps.NEG).e(BinaryOps.MAX, _c(x, -hi)).e(UnaryOps.NEG)
 
 
+@_in_float32_for_halves
 def log(x: LazyBuffer) -> LazyBuffer:
     return _mul(x.e(UnaryOps.LOG2), _c(x, LN2))
 
 
+@_in_float32_for_halves
 def exp(x: LazyBuffer) -> LazyBuffer:
     """e^x. Only ops a vectorizing renderer takes whole (MAX, arithmetic, EXP2): NaN passes through MAX and EXP2."""
-    if not accurate(x):
-        return _mul(x, _c(x, LOG2E)).e(UnaryOps.EXP2)
     p = _PARAMS[x.dtype]
     lo, hi = p["clamp"]
     xc = _clamp(x, lo, hi)  # (where exp is already 0 and inf)
@@ -121,34 +124,31 @@ def exp(x: LazyBuffer) -> LazyBuffer:
     return _mul(f.e(UnaryOps.EXP2), _add(_c(x, 1.0), _mul(err, _c(x, LN2))))
 
 
+@_in_float32_for_halves
 def expm1(x: LazyBuffer) -> LazyBuffer:
     """e^x - 1, accurate near 0 too."""
     u = exp(x)
     d = _sub(u, _c(x, 1.0))
-    if not accurate(x):
-        return d
     inf = _c(x, math.inf)
     kahan = _mul(d, _div(x, log(u)))
     # u == 1: x itself; u - 1 == -1 (underflow) or u == inf: d is the answer
     return _where(_eq(d, _c(x, 0.0)), x, _where(_eq(d, _c(x, -1.0)), d, _where(_eq(u, inf), u, kahan)))
 
 
+@_in_float32_for_halves
 def log1p(x: LazyBuffer) -> LazyBuffer:
     """log(1 + x), accurate near 0 too."""
     u = _add(x, _c(x, 1.0))
-    if not accurate(x):
-        return log(u)
     d = _sub(u, _c(x, 1.0))
     goldberg = _mul(log(u), _div(x, d))
     return _where(_eq(d, _c(x, 0.0)), x, _where(_eq(u, _c(x, math.inf)), u, goldberg))
 
 
+@_in_float32_for_halves
 def cos(x: LazyBuffer) -> LazyBuffer:
     """cos(x) = sin(2x) / (2 sin(x)): 2x is exact and the device's SIN keeps its relative accuracy at any argument,
     near its zeros too, so the quotient is within a few ulps everywhere (cos(0) = 1 apart); where 2x would overflow,
     1 - 2 sin(x/2)^2."""
-    if x.dtype not in _COS_DOUBLING_MAX:
-        return _sub(_c(x, math.pi / 2), x).e(UnaryOps.SIN)
     one, two = _c(x, 1.0), _c(x, 2.0)
     a = _where(_lt(x, _c(x, 0.0)), x.e(UnaryOps.NEG), x)
     big = _lt(_c(x, _COS_DOUBLING_MAX[x.dtype]), a)
@@ -159,6 +159,7 @@ def cos(x: LazyBuffer) -> LazyBuffer:
     return _where(_eq(x, _c(x, 0.0)), one, _where(big, far, ratio))
 
 
+@_in_float32_for_halves
 def tanh(x: LazyBuffer) -> LazyBuffer:
     """tanh(|x|), signed: -e / (e + 2) with e = expm1(-2|x|) below 0.55 (tanh 0.5), else 1 - 2 / (e^(2|x|) + 1),
     where e's error is divided by e^(2|x|); x itself where |x| is tiny (and for +-0)."""
@@ -169,9 +170,10 @@ def tanh(x: LazyBuffer) -> LazyBuffer:
     far = _sub(_c(x, 1.0), _div(_c(x, 2.0), _add(exp(_mul(a, _c(x, 2.0))), _c(x, 1.0))))
     t = _where(_lt(a, _c(x, 0.55)), near, far)
     ret = _where(neg, t.e(UnaryOps.NEG), t)
-    return _where(_lt(a, _c(x, _PARAMS[x.dtype]["tiny"] if accurate(x) else 0.0)), x, ret)
+    return _where(_lt(a, _c(x, _PARAMS[x.dtype]["tiny"])), x, ret)
 
 
+@_in_float32_for_halves
 def sinh(x: LazyBuffer) -> LazyBuffer:
     """sinh(x) = (e + e / (e + 1)) / 2 with e = expm1(|x|), signed; past exp's overflow h * (h / 2), h = e^(|x|/2)."""
     neg = _lt(x, _c(x, 0.0))
@@ -182,9 +184,10 @@ def sinh(x: LazyBuffer) -> LazyBuffer:
     far = _mul(h, _mul(h, _c(x, 0.5)))
     ret = _where(_lt(a, _c(x, 32.0)), near, far)
     ret = _where(neg, ret.e(UnaryOps.NEG), ret)
-    return _where(_lt(a, _c(x, _PARAMS[x.dtype]["tiny"] if accurate(x) else 0.0)), x, ret)
+    return _where(_lt(a, _c(x, _PARAMS[x.dtype]["tiny"])), x, ret)
 
 
+@_in_float32_for_halves
 def cosh(x: LazyBuffer) -> LazyBuffer:
     """cosh(x) = (u + 1/u) / 2 with u = e^|x|; past exp's overflow h * (h / 2), h = e^(|x|/2)."""
     a = _where(_lt(x, _c(x, 0.0)), x.e(UnaryOps.NEG), x)
@@ -194,6 +197,7 @@ def cosh(x: LazyBuffer) -> LazyBuffer:
     return _where(_lt(a, _c(x, 32.0)), near, _mul(h, _mul(h, _c(x, 0.5))))
 
 
+@_in_float32_for_halves
 def softplus(x: LazyBuffer) -> LazyBuffer:
     """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow, and e^x itself for very negative x."""
     neg = _lt(x, _c(x, 0.0))
@@ -201,5 +205,6 @@ def softplus(x: LazyBuffer) -> LazyBuffer:
     return _add(_where(neg, _c(x, 0.0), x), log1p(exp(a.e(UnaryOps.NEG))))
 
 
+@_in_float32_for_halves
 def sigmoid(x: LazyBuffer) -> LazyBuffer:
     return _div(_c(x, 1.0), _add(_c(x, 1.0), exp(x.e(UnaryOps.NEG))))

@@ -116,3 +116,15 @@ def test_gradients(name: str, fn: Callable[[Tensor], Tensor], derivative: Callab
     (fn(t) * 3).sum().backward()
     assert t.grad is not None
     np.testing.assert_allclose(t.grad.numpy(), 3 * derivative(x.astype(np.float64)), rtol=2e-6, atol=1e-30)
+
+
+def test_halves_round_the_float32_result() -> None:
+    from tgcore import Device
+
+    if dtypes.float16 not in Device[Device.DEFAULT].spec.dtypes:
+        pytest.skip(f"{Device.DEFAULT} does not claim float16")  # (the CPU plugins' tox envs run it on theirs)
+    x = np.random.default_rng(3).uniform(-8, 8, 2000).astype(np.float16)
+    for fn, ref in ((Tensor.exp, np.exp), (Tensor.tanh, np.tanh), (Tensor.cos, np.cos), (Tensor.expm1, np.expm1)):
+        got = fn(Tensor(x, dtype=dtypes.float16)).numpy()
+        assert got.dtype == np.float16
+        assert ulps(got, ref(x.astype(np.float64)), np.float16) <= 1.0, fn.__name__
