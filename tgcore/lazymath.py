@@ -64,28 +64,13 @@ def _c(x: LazyBuffer, v: float) -> LazyBuffer:
     return x.const(v)
 
 
-def _add(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.ADD, b)
+def _binary(op: BinaryOps) -> Callable[[LazyBuffer, LazyBuffer], LazyBuffer]:
+    return lambda a, b: a.e(op, b)
 
 
-def _sub(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.SUB, b)
-
-
-def _mul(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.MUL, b)
-
-
-def _div(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.DIV, b)
-
-
-def _lt(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.CMPLT, b)
-
-
-def _eq(a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
-    return a.e(BinaryOps.CMPEQ, b)
+# the binary ops as functions, so that formulas read in prefix form
+_add, _sub, _mul, _div = (_binary(op) for op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV))
+_lt, _eq = _binary(BinaryOps.CMPLT), _binary(BinaryOps.CMPEQ)
 
 
 def _where(cond: LazyBuffer, a: LazyBuffer, b: LazyBuffer) -> LazyBuffer:
