@@ -49,31 +49,16 @@ def _exp2_vector(n: int) -> str:
 # compiler targets one (-march=native), else fmaf / fma lane by lane (the same result: one rounding per lane). GCC
 # turns the lane-by-lane form into vector FMAs only in part (a conv kernel kept 768 scalar ones)
 _FMA_X86 = {
-    ("float", 16): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask({}, (unsigned short)-1, 4)"),
-    ("float", 8): ("__FMA__", "__builtin_ia32_vfmaddps256({})"),
-    ("float", 4): ("__FMA__", "__builtin_ia32_vfmaddps({})"),
-    ("double", 8): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask({}, (unsigned char)-1, 4)"),
-    ("double", 4): ("__FMA__", "__builtin_ia32_vfmaddpd256({})"),
-    ("double", 2): ("__FMA__", "__builtin_ia32_vfmaddpd({})"),
+    ("float", 16): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4)"),
+    ("float", 8): ("__FMA__", "__builtin_ia32_vfmaddps256(a, b, c)"),
+    ("float", 4): ("__FMA__", "__builtin_ia32_vfmaddps(a, b, c)"),
+    ("double", 8): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask(a, b, c, (unsigned char)-1, 4)"),
+    ("double", 4): ("__FMA__", "__builtin_ia32_vfmaddpd256(a, b, c)"),
+    ("double", 2): ("__FMA__", "__builtin_ia32_vfmaddpd(a, b, c)"),
 }
-
-
-def _fma_vector(scalar: str, n: int) -> str:
-    t, fn = f"tg_fma_{scalar}{n}", "fmaf" if scalar == "float" else "fma"
-    lanes = ", ".join(f"{fn}(a[{i}], b[{i}], c[{i}])" for i in range(n))
-    body = f"  return ({t}){{{lanes}}};\n"
-    if (x86 := _FMA_X86.get((scalar, n))) is not None:
-        body = f"#if defined({x86[0]})\n  return ({t}){x86[1].format('a, b, c')};\n#else\n{body}#endif\n"
-    size = n * (4 if scalar == "float" else 8)
-    return (
-        f"typedef {scalar} {t} __attribute__((vector_size({size}), aligned(4), may_alias));\n"
-        f"static inline {t} tg_{fn}{n}({t} a, {t} b, {t} c) {{\n{body}}}\n"
-    )
-
-
-# square roots of whole vectors (SQRT): the x86 instruction of that width where the compiler targets one, else
-# sqrtf / sqrt lane by lane (correctly rounded either way: the same bits). Lane-by-lane calls in the kernel itself
-# took GCC ~10 ms more to compile for a 16-wide kernel
+# square roots of whole vectors (SQRT), likewise: the x86 instruction, else sqrtf / sqrt lane by lane (correctly
+# rounded either way: the same bits). Lane-by-lane calls in the kernel itself took GCC ~10 ms more to compile for a
+# 16-wide kernel
 _SQRT_X86 = {
     ("float", 16): ("__AVX512F__", "__builtin_ia32_sqrtps512_mask(x, x, (unsigned short)-1, 4)"),
     ("float", 8): ("__AVX__", "__builtin_ia32_sqrtps256(x)"),
@@ -84,16 +69,20 @@ _SQRT_X86 = {
 }
 
 
-def _sqrt_vector(scalar: str, n: int) -> str:
-    t, fn = f"tg_sqrt_{scalar}{n}", "sqrtf" if scalar == "float" else "sqrt"
-    lanes = ", ".join(f"{fn}(x[{i}])" for i in range(n))
+def _lanewise_vector(op: str, libm: str, args: str, x86: dict[tuple[str, int], tuple[str, str]], scalar: str, n: int):
+    """`static inline tg_<libm><n>(args)` on vectors of n `scalar`s: the x86 builtin of x86[(scalar, n)] where the
+    compiler targets it, else the libm function (libm + "f" for float) lane by lane."""
+    t, fn = f"tg_{op}_{scalar}{n}", libm + ("f" if scalar == "float" else "")
+    names = args.split(", ")
+    lanes = ", ".join(f"{fn}({', '.join(f'{a}[{i}]' for a in names)})" for i in range(n))
     body = f"  return ({t}){{{lanes}}};\n"
-    if (x86 := _SQRT_X86.get((scalar, n))) is not None:
-        body = f"#if defined({x86[0]})\n  return ({t}){x86[1]};\n#else\n{body}#endif\n"
+    if (builtin := x86.get((scalar, n))) is not None:
+        body = f"#if defined({builtin[0]})\n  return ({t}){builtin[1]};\n#else\n{body}#endif\n"
     size = n * (4 if scalar == "float" else 8)
+    params = ", ".join(f"{t} {a}" for a in names)
     return (
         f"typedef {scalar} {t} __attribute__((vector_size({size}), aligned(4), may_alias));\n"
-        f"static inline {t} tg_{fn}{n}({t} x) {{\n{body}}}\n"
+        f"static inline {t} tg_{fn}{n}({params}) {{\n{body}}}\n"
     )
 
 
@@ -111,6 +100,7 @@ def _max_vector(scalar: str, n: int) -> str:
     )
 
 
+_WIDTHS = (2, 4, 8, 16)  # the vector widths the header has routines for
 # the libm functions a kernel may call, declared instead of including <math.h> (which takes the compiler ~20 ms to
 # read: a third of a small kernel's build), and the exp2 and vector FMA routines
 _HEADER = (
@@ -119,9 +109,9 @@ _HEADER = (
     + "float fmaf(float, float, float); double fma(double, double, double);\n"
     + _EXP2_SCALAR
     + "".join(_exp2_vector(n) for n in (2, 4, 8, 16))
-    + "".join(_fma_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
-    + "".join(_max_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
-    + "".join(_sqrt_vector(scalar, n) for scalar in ("float", "double") for n in (2, 4, 8, 16))
+    + "".join(_lanewise_vector("fma", "fma", "a, b, c", _FMA_X86, t, n) for t in ("float", "double") for n in _WIDTHS)
+    + "".join(_max_vector(t, n) for t in ("float", "double") for n in _WIDTHS)
+    + "".join(_lanewise_vector("sqrt", "sqrt", "x", _SQRT_X86, t, n) for t in ("float", "double") for n in _WIDTHS)
 )
 
 
