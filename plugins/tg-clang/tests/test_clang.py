@@ -191,3 +191,23 @@ def test_a_float_sum_of_products_rounds_once_per_step(dtype):
     np.testing.assert_array_equal(
         (Tensor(x, device="CLANG") * Tensor(y, device="CLANG") + Tensor(z, device="CLANG")).numpy(), x * y + z
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_max_and_sqrt_routines_match_numpy_bits(dtype):
+    # an upcast kernel keeps MAX and SQRT whole (tg_max<n>, tg_sqrt<n>): NaN wins a max like numpy's, and a square
+    # root is correctly rounded either way, so the vector kernel gives numpy's bits
+    from tgcore.engine.realize import get_kernel
+
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(1024) * 100).astype(dtype), (rng.standard_normal(1024) * 100).astype(dtype)
+    a[::9], b[::13], a[5], a[6], b[7] = np.nan, np.nan, np.inf, -np.inf, -0.0
+    ta, tb = Tensor(a, device="CLANG"), Tensor(b, device="CLANG")
+    out = ta.maximum(tb).abs().sqrt().maximum(tb)
+    src = get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG").to_program().src
+    suffix = "f" if dtype == np.float32 else ""
+    kernel = src.split("void ")[-1]  # (after the header's routines)
+    assert f"tg_max{suffix}" in kernel and f"tg_sqrt{suffix}" in kernel and f" sqrt{suffix}(" not in kernel
+    with np.errstate(invalid="ignore"):
+        ref = np.maximum(np.sqrt(np.abs(np.maximum(a, b))), b)
+    np.testing.assert_array_equal(out.numpy(), ref)
