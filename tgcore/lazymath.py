@@ -192,4 +192,9 @@ def softplus(x: LazyBuffer) -> LazyBuffer:
 
 @_in_float32_for_halves
 def sigmoid(x: LazyBuffer) -> LazyBuffer:
-    return _div(_c(x, 1.0), _add(_c(x, 1.0), exp(x.e(UnaryOps.NEG))))
+    """1 / (1 + e^-x) with e = e^-|x| <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) below (no overflow of e^-x, so a
+    tiny result, subnormal ones included, keeps its digits: sigmoid(-100) is 3.7e-44, not 0)."""
+    neg = _lt(x, _c(x, 0.0))
+    e = exp(_where(neg, x, x.e(UnaryOps.NEG)))
+    r = _div(_c(x, 1.0), _add(_c(x, 1.0), e))
+    return _where(neg, _mul(e, r), r)

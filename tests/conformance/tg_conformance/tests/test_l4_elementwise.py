@@ -184,6 +184,7 @@ UNARY_RELATIVE: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray
     "atanh": (Tensor.atanh, np.arctanh, (-1e-4, 1e-4)),
     "asinh": (Tensor.asinh, np.arcsinh, (-1e-4, 1e-4)),
     "softplus": (Tensor.softplus, lambda x: np.logaddexp(0, x), (-80, -20)),
+    "sigmoid": (Tensor.sigmoid, lambda x: np.exp(x - np.logaddexp(0, x)), (-85, -20)),
     "cos": (Tensor.cos, np.cos, (1.5707, 1.5709)),
     "cos of large x": (Tensor.cos, np.cos, (-1e6, 1e6)),
     "exp": (Tensor.exp, np.exp, (80, 88.7)),
