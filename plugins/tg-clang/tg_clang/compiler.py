@@ -10,8 +10,19 @@ import tempfile
 from tgcore.device import CompileError, Compiler
 
 # -fwrapv: signed overflow wraps (as numpy's integers do); -ffp-contract=off: no fused multiply-add, so results
-# round like numpy's; -std=c11: _Float16 math rounds after every operation
-CFLAGS = ["-shared", "-fPIC", "-O2", "-march=native", "-std=c11", "-fwrapv", "-ffp-contract=off", "-fno-math-errno"]
+# round like numpy's; -std=c11: _Float16 math rounds after every operation; -pipe: the stages hand over through pipes,
+# not temporary files (~2-3 ms of a ~50 ms build)
+CFLAGS = [
+    "-shared",
+    "-fPIC",
+    "-O2",
+    "-march=native",
+    "-std=c11",
+    "-fwrapv",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-pipe",
+]
 
 
 def find_compiler() -> str:
