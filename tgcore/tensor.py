@@ -929,6 +929,11 @@ class Tensor:
         return ret.cast(self.dtype) if acc_dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
 
     def max(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
+        """The largest element over `axis` (all axes by default); NaN wins. An axis of size 0 has no largest element:
+        ValueError, as numpy raises (sum and mean of nothing are 0 and NaN, as there)."""
+        axes = range(self.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+        if any(self.shape[self._resolve_dim(a)] == 0 for a in axes):
+            raise ValueError(f"max over an axis of size 0 (shape {self.shape}, axis {axis}): it has no largest element")
         return self._reduce(F.Max, axis, keepdim)
 
     def min(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:

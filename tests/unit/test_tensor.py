@@ -1474,3 +1474,13 @@ def test_exp2_and_log2_are_their_own_ops() -> None:
     t = Tensor(np.float32([0.5, 3.0]), requires_grad=True)
     t.log2().sum().backward()
     np.testing.assert_allclose(t.grad.numpy(), 1 / (np.float32([0.5, 3.0]) * np.log(2)), rtol=1e-6)
+
+
+def test_max_min_argmax_over_an_empty_axis_raise_like_numpy() -> None:
+    x = Tensor(np.zeros((0, 3), np.float32))
+    assert x.max(axis=1).shape == (0,) and x.argmax(axis=1).numpy().shape == (0,)  # nothing to reduce: fine
+    assert Tensor(np.zeros((3, 0), np.float32)).min(axis=0).shape == (0,)
+    for fn in (lambda t: t.max(), lambda t: t.max(axis=0), lambda t: t.min(axis=0), lambda t: t.argmax(0)):
+        with pytest.raises(ValueError, match="axis of size 0"):
+            fn(x)
+    assert x.sum().numpy() == 0 and np.isnan(x.mean().numpy())  # sum and mean of nothing: 0 and NaN
