@@ -375,3 +375,26 @@ def test_half_and_bfloat16_exp2_round_the_float32_routine(dt):
     wide = exp2_op(src.cast(dtypes.float32).numpy(), "LLVM")  # the float32 routine on the same inputs
     want = Tensor(wide, device="LLVM").cast(dt).cast(dtypes.float32).numpy()
     np.testing.assert_array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+def test_one_loop_of_whole_vectors_gets_the_short_pipeline_and_the_same_results():
+    # the optimizer's vectorized elementwise kernel is compiled with the short pass pipeline; a matmul (nested
+    # loops) and a kernel with scalar lanes keep O2; either way the results are numpy's
+    from tg_llvm.compiler import _whole_vectors
+
+    from tgcore.engine.realize import get_kernel
+
+    def src(t: Tensor) -> str:
+        return get_kernel(Device["LLVM"].renderer, t.schedule()[-1].ast, "LLVM").to_program().src
+
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    t = Tensor(x, device="LLVM")
+    elementwise = ((t * 1.5 + 0.5).exp2().sqrt() - 1.0).maximum(0.25)
+    assert _whole_vectors(src(elementwise))
+    with np.errstate(invalid="ignore"):
+        expected = np.maximum(np.sqrt(np.exp2(x * np.float32(1.5) + np.float32(0.5))) - np.float32(1.0), 0.25)
+    np.testing.assert_allclose(elementwise.numpy(), expected, rtol=2e-6)
+    m = Tensor(x.reshape(64, 64), device="LLVM")
+    assert not _whole_vectors(src(m @ m))
+    assert not _whole_vectors(src((t < 0.5).where(t, 2.0)))  # compares and wheres go lane by lane
+    np.testing.assert_allclose((m @ m).numpy(), x.reshape(64, 64) @ x.reshape(64, 64), rtol=1e-4, atol=1e-4)
