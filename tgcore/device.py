@@ -124,7 +124,10 @@ def _huge_page_buffer(size: int) -> Any:
     """`size` zeroed bytes of private anonymous memory starting on a huge-page boundary, with the OS asked to back them
     with huge pages (as numpy does for its large arrays): a kernel streaming 64 MB then misses the TLB 512 times less
     often (a 4096 x 4096 sum on CLANG: 42 -> 45 GB/s). The mapping is unmapped when the returned array is freed."""
-    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:  # (as MemoryError, so that the LRU allocator frees its cache and tries again)
+        raise MemoryError(f"could not map {size} bytes of host memory: {e}") from e
     start = -ctypes.addressof(ctypes.c_uint8.from_buffer(mapping)) % HUGE_PAGE
     try:
         mapping.madvise(mmap.MADV_HUGEPAGE, start, size)

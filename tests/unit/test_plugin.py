@@ -320,3 +320,25 @@ def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
         if size > 8:  # a view at an offset reads the same memory
             assert bytes(allocator.offset(buf, 8, size - 8)) == data[-8:]
         allocator.free(buf, size)
+
+
+def test_a_failed_host_mapping_frees_the_cache_and_tries_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    from tgcore import device
+
+    if not device._HUGE_PAGES:
+        pytest.skip("this OS has no huge-page mappings: big host buffers come from the C heap")
+    real, calls = mmap.mmap, []
+
+    def failing_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError(12, "Cannot allocate memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(device.mmap, "mmap", failing_once)
+    allocator = MallocAllocator()
+    allocator.free(allocator.alloc(64), 64)  # a cached buffer, which the failure must release
+    buf = allocator.alloc(device.HUGE_PAGE)
+    assert len(calls) == 2 and len(buf) == device.HUGE_PAGE and not any(allocator.cache.values())
