@@ -8,7 +8,7 @@ import pytest
 from tgcore import Tensor, dtypes
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import Buffer
+from tgcore.device import Buffer, Device
 from tgcore.engine.realize import CompiledRunner, get_kernel, run_schedule
 from tgcore.ops import BinaryOps, TernaryOps
 from tgcore.runtime.python import PythonRenderer
@@ -151,3 +151,76 @@ def test_stage_is_refused_on_a_symbolic_kernel() -> None:
     k.apply_opts([Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.LOCAL, 1, 4)])
     with pytest.raises(KernelOptError, match="symbolic"):
         k.apply_opt(Opt(OptOps.STAGE, 0, 0))
+
+
+# ***** compensated sums *****
+
+
+def _compensated_np(terms: np.ndarray) -> np.ndarray:
+    """A compensated float32 sum along axis 0, step by step as the kernels take it: t = s + v, the error (s - t) + v
+    into e; then s + e where that is finite, else s."""
+    s = np.zeros(terms.shape[1:], np.float32)
+    e = np.zeros_like(s)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for v in terms:
+            t = s + v
+            e = e + ((s - t) + v)
+            s = t
+        total = s + e
+    return np.where(np.isfinite(total), total, s)
+
+
+def _accumulators(t: Tensor) -> int:
+    return sum(u.op is UOps.DEFINE_ACC for u in _uops(t, False, optimize=False))
+
+
+def test_long_float32_sums_are_compensated_the_same_way_whatever_the_optimizations() -> None:
+    # 3000 x 0.1 in one float32 chain drifts to 300.00894 (3e-5 off); compensated it is the float32 nearest the sum
+    col = np.full((3000, 3), 0.1, np.float32)
+    np.testing.assert_array_equal(
+        Tensor(col).sum(axis=0).numpy(), col.astype(np.float64).sum(axis=0).astype(np.float32)
+    )
+    chain = np.zeros(3, np.float32)
+    for row in col:
+        chain += row
+    assert abs(float(chain[0]) - 300.0) > 1e-3  # (what an uncompensated sum gives)
+    data = np.random.default_rng(3).standard_normal((2048, 5)).astype(np.float32) + np.float32(10)
+    expected = _compensated_np(data)
+    np.testing.assert_array_equal(Tensor(data).sum(axis=0).numpy(), expected)
+    si = _last_item(Tensor(data).sum(axis=0))
+    optimized = Kernel(si.ast, PythonRenderer())
+    optimized.hand_coded_optimizations()
+    assert optimized.applied_opts  # (so the two kernels differ)
+    np.testing.assert_array_equal(_run(si, optimized), expected)
+    np.testing.assert_array_equal(_run(si, Kernel(si.ast, PythonRenderer())), expected)
+
+
+def test_a_compensated_sum_keeps_infinities_nans_and_overflow() -> None:
+    ones = np.ones((2048, 1), np.float32)
+    cases = [
+        (np.inf, np.inf),  # one inf among finite terms
+        (np.nan, np.nan),
+    ]
+    for value, expected in cases:
+        x = ones.copy()
+        x[700] = value
+        got = Tensor(x).sum(axis=0).numpy()[0]
+        assert got == expected or (np.isnan(expected) and np.isnan(got))
+    both = ones.copy()
+    both[5], both[900] = np.inf, -np.inf
+    assert np.isnan(Tensor(both).sum(axis=0).numpy()[0])
+    huge = np.full((2048, 1), 3e38, np.float32)
+    assert Tensor(huge).sum(axis=0).numpy()[0] == np.inf and Tensor(-huge).sum(axis=0).numpy()[0] == -np.inf
+
+
+def test_only_long_float32_sums_that_are_not_contractions_are_compensated() -> None:
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((2048, 2)).astype(np.float32))
+    assert _accumulators(x.sum(axis=0)) == 2  # the sum and its errors
+    assert _accumulators((x * x).sum(axis=0)) == 2  # a sum of squares is no contraction
+    w = Tensor(rng.standard_normal((2048, 3)).astype(np.float32))
+    assert _accumulators(x.T @ w) == 1  # a matmul accumulates its products as they come, as BLAS does
+    assert _accumulators(x.max(axis=0)) == 1
+    assert _accumulators(x[:1000].sum(axis=0)) == 1  # too short to need it
+    if dtypes.float64 in Device[Device.DEFAULT].spec.dtypes:
+        assert _accumulators(x.cast(dtypes.float64).sum(axis=0)) == 1

@@ -1,4 +1,5 @@
 """The scheduler's fusion: how many kernels a graph becomes, and that fusing never changes the result."""
+
 from __future__ import annotations
 
 import gc
@@ -141,15 +142,20 @@ def test_contiguous_makes_a_kernel_boundary() -> None:
 
 # ***** pad: the padding is zero whatever op was fused under it *****
 
-@pytest.mark.parametrize("fn,np_fn", [
-    (lambda t: t.exp(), np.exp),
-    (lambda t: t.log(), lambda x: np.log(x)),
-    (lambda t: 1.0 / t, lambda x: 1.0 / x),
-    (lambda t: t + 1, lambda x: x + 1),
-    (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x))),
-    (lambda t: (t == t).cast(dtypes.float32), lambda x: np.ones_like(x)),
-    (lambda t: t.cos(), np.cos),
-], ids=["exp", "log", "reciprocal", "add1", "sigmoid", "eq", "cos"])
+
+@pytest.mark.parametrize(
+    "fn,np_fn",
+    [
+        (lambda t: t.exp(), np.exp),
+        (lambda t: t.log(), lambda x: np.log(x)),
+        (lambda t: 1.0 / t, lambda x: 1.0 / x),
+        (lambda t: t + 1, lambda x: x + 1),
+        (lambda t: t.sigmoid(), lambda x: 1 / (1 + np.exp(-x))),
+        (lambda t: (t == t).cast(dtypes.float32), lambda x: np.ones_like(x)),
+        (lambda t: t.cos(), np.cos),
+    ],
+    ids=["exp", "log", "reciprocal", "add1", "sigmoid", "eq", "cos"],
+)
 def test_pad_of_unsafe_op_is_zero(fn, np_fn) -> None:
     a_np = np.abs(data(3, 4)) + 0.5
     out = fn(Tensor(a_np)).pad(((1, 2), (2, 0)))
@@ -246,11 +252,13 @@ def test_long_rows_are_reduced_in_two_stages_but_contractions_are_not() -> None:
     a = Tensor(a_np)
     assert store_items(a.sum(axis=1)) == 2  # a long last axis: 16 partial results per row, then their sum
     np.testing.assert_allclose(a.sum(axis=1).numpy(), a_np.sum(axis=1), rtol=1e-4, atol=1e-3)
-    # in exactly this order, on every device: lane l of row r adds a[r, l], a[r, 16 + l], ... in float32, then
-    # each row adds its 16 lanes from the first
-    lanes = np.zeros((4, 16), np.float32)
+    # in exactly this order, on every device: lane l of row r adds a[r, l], a[r, 16 + l], ... in float32 (a
+    # compensated sum: 1024 terms each), then each row adds its 16 lanes from the first
+    s, e = np.zeros((4, 16), np.float32), np.zeros((4, 16), np.float32)
     for chunk in a_np.reshape(4, -1, 16).transpose(1, 0, 2):
-        lanes += chunk
+        t = s + chunk
+        e, s = e + ((s - t) + chunk), t
+    lanes = s + e
     rows = np.zeros(4, np.float32)
     for lane in lanes.T:
         rows += lane
