@@ -210,51 +210,27 @@ class LazyBuffer:
             return self.const(0 if op is ReduceOps.SUM else dtypes.min(self.dtype), new_shape)
         if (split := self._split_reduce(op, new_shape)) is not None:
             return split
-        if (split := self._split_row_reduce(op, axis)) is not None:
-            return split
         return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
 
     def _split_reduce(self, op: ReduceOps, new_shape: tuple[sint, ...]) -> Optional[LazyBuffer]:
-        """A reduce of everything into one value, in two stages. The n elements are viewed as (parts, n / (parts *
-        lanes), lanes): the first kernel reduces the middle axis, each of its parts.lanes outputs a stream over
-        a contiguous block (parts spread over the cores, lanes fill the vector registers); the second reduces
-        those partial results. A single reduce would be one dependent chain on one core. The split depends on
-        n alone, so the order of float additions is the same on every device."""
+        """A reduce of everything into one value, in two stages: the n elements are viewed as (parts, n / parts), the
+        first kernel reduces each part (a contiguous block; the parts spread over the cores, and the kernel reduces
+        a long contiguous axis in vector lanes: codegen/kernel.py), the second the parts' results. A single reduce
+        would run on one core. The split depends on n alone, so the order of float additions is the same on every
+        device."""
         n = self.size
         if not isinstance(n, int) or n < SPLIT_REDUCE_MIN or any(s != 1 for s in new_shape):
             return None
         flat = self.reshape((n,))
-        lanes = next((c for c in (64, 32, 16, 8) if n % c == 0), None)
-        parts = next((p for p in (64, 32, 16, 8) if (n // lanes) % p == 0), None) if lanes is not None else None
-        if parts is None or lanes is None:
+        most = 1 << min(6, (n // SPLIT_PART_MIN).bit_length() - 1)  # parts of at least SPLIT_PART_MIN elements
+        parts = next((p for p in (64, 32, 16, 8, 4, 2) if p <= most and n % (p * SPLIT_PART_ALIGN) == 0), None)
+        if parts is None:
             if op is not ReduceOps.SUM:
                 return None
-            lanes, parts = 64, 64  # a sum is padded with zeros (its identity) to a whole number of blocks
-            padded = -(-n // (lanes * parts)) * lanes * parts
+            parts = most  # a sum is padded with zeros (its identity) to whole parts
+            padded = -(-n // (parts * SPLIT_PART_ALIGN)) * parts * SPLIT_PART_ALIGN
             flat, n = flat.pad(((0, padded - n),)), padded
-        part = flat.reshape((parts, n // (parts * lanes), lanes)).r(op, (1,))
-        return part.reshape((part.size,)).r(op, (0,)).reshape(new_shape)
-
-    def _split_row_reduce(self, op: ReduceOps, axis: tuple[int, ...]) -> Optional[LazyBuffer]:
-        """A reduce over a long last axis (n >= SPLIT_ROW_MIN), in two stages: viewed as (..., n / L, L) with
-        L = SPLIT_ROW_LANES, the first kernel reduces the middle axis (each row streams through L partial results, a
-        vector register's worth), the second reduces the L. One reduce would run each row as one dependent chain.
-        Not for a contraction (a reduce over broadcast operands: matmul, conv), which the kernel optimizer tiles
-        instead."""
-        last, lanes = len(self.shape) - 1, SPLIT_ROW_LANES
-        n = self.shape[last] if self.shape else 0
-        if axis != (last,) or not isinstance(n, int) or not isinstance(self.size, int) or self.size == n:
-            return None  # (a single row is a reduce of everything: _split_reduce's, when it is big)
-        if n < SPLIT_ROW_MIN or n % lanes != 0 or self._is_contraction():
-            return None
-        part = self.reshape((*self.shape[:last], n // lanes, lanes)).r(op, (last,))
-        return part.reshape((*self.shape[:last], lanes)).r(op, (last,))
-
-    def _is_contraction(self) -> bool:
-        base = self.base
-        if base.realized is not None or not isinstance(base.op, (UnaryOps, BinaryOps, TernaryOps)):
-            return False
-        return any(src.st.broadcasts() for src in base.srcs)
+        return flat.reshape((parts, n // parts)).r(op, (1,)).reshape((parts,)).r(op, (0,)).reshape(new_shape)
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""
@@ -306,14 +282,11 @@ class LazyBuffer:
         return self._view(self.st.stride(arg))
 
 
-# a reduce of everything over at least this many elements runs in two stages (see LazyBuffer._split_reduce); the
-# first stage has at most 64 x 64 outputs, so the second is always smaller
+# a reduce of everything over at least this many elements runs in two stages (see LazyBuffer._split_reduce), in at
+# most 64 parts of at least SPLIT_PART_MIN elements each, a whole number of SPLIT_PART_ALIGN (vectors of any width)
 SPLIT_REDUCE_MIN = 1 << 15
-# a reduce over the last axis alone runs in two stages from this length on (see LazyBuffer._split_row_reduce), with
-# this many partial results per row: 16 floats are one AVX-512 register, two AVX2 or four NEON ones (a 4096 x 4096
-# row sum on CLANG and LLVM was ~6% faster than with 64, whose second stage reads 4x more)
-SPLIT_ROW_MIN = 2048
-SPLIT_ROW_LANES = 16
+SPLIT_PART_MIN = 4096
+SPLIT_PART_ALIGN = 64
 
 
 def _np_type(dt: DType) -> type:

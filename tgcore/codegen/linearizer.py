@@ -32,10 +32,10 @@ _THREAD_BOUNDS = ("core_start", "core_end")
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
 _VECTOR_REDUCE = (ReduceOps.SUM,)
 MAX_VECTOR = 16
-# a float32 SUM of this many terms per output or more is compensated (see Linearizer._compensated): float32 adds
-# along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
-# compensated sum by a few ulps whatever n. It costs three adds per term (4-8% of a 64 MB sum here). The rows of
-# LazyBuffer._split_row_reduce (256 terms per lane for 4096) stay below it.
+# a float32 SUM of this many terms per accumulator or more is compensated (see Linearizer._compensated): float32
+# adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
+# compensated sum by a few ulps whatever n. It costs three adds per term (4-8% of a 64 MB sum here); a row of 4096
+# (256 terms per lane of a lane reduce) stays below it.
 COMPENSATED_MIN = 1024
 # a value of one group of lanes: a vector uop, or one scalar uop per lane
 Value = Union[UOp, tuple[UOp, ...]]
@@ -164,7 +164,7 @@ class Linearizer:
         # runs of `width` neighbouring lanes of the last upcast axis, one vector each where the renderer has vectors
         self.upcast_axes = list(range(k.first_upcast, k.shape_len))
         self.lanes = list(itertools.product(*(range(s) for s in k.upcast_sizes)))
-        self.unrolled = [j for j, a in enumerate(self.upcast_axes) if k.is_reduce_axis(a)]
+        self.unrolled = [j for j, a in enumerate(self.upcast_axes) if k.is_unrolled(a)]
         self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
         # a leaf whose accesses are one index Node plus constants: (that Node, each access's constant)
@@ -203,7 +203,7 @@ class Linearizer:
         """Lanes per group: the largest power of two up to MAX_VECTOR dividing the last upcast axis, when the
         renderer takes vector uops and that axis is not an unrolled reduce axis."""
         k = self.k
-        if not getattr(k.opts, "vector_uops", False) or not self.upcast_axes or k.is_reduce_axis(self.upcast_axes[-1]):
+        if not getattr(k.opts, "vector_uops", False) or not self.upcast_axes or k.is_unrolled(self.upcast_axes[-1]):
             return 1
         size = k.upcast_sizes[-1]
         return next((w for w in (16, 8, 4, 2) if w <= MAX_VECTOR and size % w == 0), 1)
@@ -510,10 +510,38 @@ class Linearizer:
             self.close_range(r)
             if k.staged and r is loops[-1]:  # every work item is done with the tiles before they are copied again
                 self.uop(UOps.BARRIER, None, (), cse=False)
+        if k.reduce_lanes:
+            return self._combine_lanes(op, accs, errors if compensated else None)
         if compensated:
             final = {key: self._compensated_result(accs[key], errors[key]) for key in groups_of}
             return [final[self._group_key(g)] for g in range(self.n_groups)]
         return [self._acc(accs[key]) for g in range(self.n_groups) for key in [self._group_key(g)]]
+
+    def _combine_lanes(
+        self, op: LazyOp, accs: dict[tuple[int, ...], Value], errors: Optional[dict[tuple[int, ...], Value]]
+    ) -> list[Value]:
+        """A lane reduce's value per group (every lane of a group holds the same): its lanes' accumulators combined
+        in lane order from the identity; for a compensated sum, the lanes' sums with Fast2Sum and every error
+        added back at the end."""
+        dt = dtype_of(op.src[0])
+        outs: dict[tuple[int, ...], list[tuple[UOp, Optional[UOp]]]] = {}  # per output (a key without its lane)
+        for key in sorted(accs, key=lambda key: key[-1]):  # (a key's last index is its first lane)
+            sums = self._scalars(self._acc(accs[key]))
+            errs = self._scalars(self._acc(errors[key])) if errors is not None else (None,) * len(sums)
+            outs.setdefault(key[:-1], []).extend(zip(sums, errs))
+        init = self.const(0 if op.op is ReduceOps.SUM else dtypes.min(dt), dt)
+        combined = {}
+        for out, lanes in outs.items():
+            total, err = init, self.const(0, dt)
+            for s, e in lanes:
+                if e is None:
+                    total = self.alu(_REDUCE_ALU[op.op], dt, total, s)  # type: ignore[index]
+                    continue
+                t = self.alu(BinaryOps.ADD, dt, total, s)
+                lost = self.alu(BinaryOps.ADD, dt, self.alu(BinaryOps.SUB, dt, total, t), s)
+                err, total = self.alu(BinaryOps.ADD, dt, err, self.alu(BinaryOps.ADD, dt, lost, e)), t
+            combined[out] = total if errors is None else self._with_errors(total, err)
+        return [self._splat(combined[self._group_key(g)[:-1]]) for g in range(self.n_groups)]
 
     def _new_acc(self, dt: DType, vector: bool, init: ConstType) -> Value:
         if vector:
@@ -521,18 +549,19 @@ class Linearizer:
         return tuple(self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False) for _ in range(self.width))
 
     def _compensated(self, op: LazyOp) -> bool:
-        """Whether reduce `op` is a compensated sum: a float32 SUM of at least COMPENSATED_MIN terms per output that
-        is not a contraction (a matmul or conv: products of inputs that other outputs reuse, accumulated as they
-        come, as BLAS does). The choice depends on the AST alone, so every device and every optimization of a
-        kernel sums the same way."""
+        """Whether reduce `op` is a compensated sum: a float32 SUM into one value, or of at least COMPENSATED_MIN
+        terms per accumulator, that is not a contraction (a matmul or conv: products of inputs that other outputs
+        reuse, accumulated as they come, as BLAS does). The choice depends on the AST alone, so every device and
+        every optimization of a kernel sums the same way."""
         k = self.k
         if op.op is not ReduceOps.SUM or dtype_of(op) != dtypes.float32 or k.inner_globals:
             return False
-        outputs = [a for a, s in enumerate(k.full_shape) if not k.is_reduce_axis(a) and s != 1]
-        if op.src[0].op is BinaryOps.MUL and any(k.stride_of(leaf, a) == 0 for leaf in k.loads() for a in outputs):
+        if k.is_contraction():
             return False
-        terms = prod([s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)])
-        return terms >= COMPENSATED_MIN
+        sizes = [s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)]
+        if all(s == 1 for a, s in enumerate(k.full_shape) if not k.is_reduce_axis(a)):
+            return True  # a sum into one value (the last stage of a reduce of everything): cheap, and it adds up all
+        return prod(sizes) // max(k.reduce_lanes, 1) >= COMPENSATED_MIN  # (terms per lane)
 
     def _compensated_add(self, s: Value, e: Value, v: Value) -> tuple[Value, Value]:
         """`v` into the sum `s`, and the rounding error of that add into `e`: t = s + v, error (s - t) + v (Fast2Sum:
@@ -561,16 +590,17 @@ class Linearizer:
         finite, s itself, which has the IEEE result of an infinity or NaN among the terms or of an overflow (after
         one, the errors are NaN)."""
         s, e = self._acc(s), self._acc(e)
-        lanes = []
-        for s1, e1 in zip(self._scalars(s), self._scalars(e)):
-            assert s1.dtype is not None
-            total = self.alu(BinaryOps.ADD, s1.dtype, s1, e1)
-            # total - total is 0 for a finite total, NaN otherwise (and NaN < 1 is false)
-            finite = self.alu(
-                BinaryOps.CMPLT, dtypes.bool, self.alu(BinaryOps.SUB, s1.dtype, total, total), self.const(1.0, s1.dtype)
-            )
-            lanes.append(self.alu(TernaryOps.WHERE, s1.dtype, finite, total, s1))
-        return tuple(lanes) if isinstance(s, tuple) else self._vector(tuple(lanes))
+        lanes = tuple(self._with_errors(s1, e1) for s1, e1 in zip(self._scalars(s), self._scalars(e)))
+        return lanes if isinstance(s, tuple) else self._vector(lanes)
+
+    def _with_errors(self, s: UOp, e: UOp) -> UOp:
+        """s + e where that is finite, else s."""
+        assert s.dtype is not None
+        total = self.alu(BinaryOps.ADD, s.dtype, s, e)
+        # total - total is 0 for a finite total, NaN otherwise (and NaN < 1 is false)
+        zero_if_finite = self.alu(BinaryOps.SUB, s.dtype, total, total)
+        finite = self.alu(BinaryOps.CMPLT, dtypes.bool, zero_if_finite, self.const(1.0, s.dtype))
+        return self.alu(TernaryOps.WHERE, s.dtype, finite, total, s)
 
     def _stage_inputs(self) -> None:
         """STAGE: each staged input's tile (what the innermost reduce loop reads of it, over the workgroup) is copied
