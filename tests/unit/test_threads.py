@@ -64,3 +64,12 @@ def test_callers_on_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> 
     for t in callers:
         t.join()
     assert results == [100] * 200
+
+
+def test_only_compute_bound_kernels_run_in_several_parts_per_thread() -> None:
+    # a 1024^3 matmul (~24 ops per byte) balances its threads through parts; a 64 MB sum (0.1-0.4 ops per byte, a
+    # compensated one included) and a small kernel run one part per thread
+    assert realize.parts_per_thread(302_000_000, 12_600_000) == 4
+    assert realize.parts_per_thread(27_800_000, 67_100_000) == 1
+    assert realize.parts_per_thread(6_800_000, 67_100_000) == 1
+    assert realize.parts_per_thread(1_000_000, 10_000) == 1

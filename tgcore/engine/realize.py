@@ -42,7 +42,7 @@ class CompiledRunner(Runner):
         self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
         # the common CPU launch: no variables, threads or launch sizes, just the buffers
         self.plain_launch = not p.variables and p.thread_extent is None and p.global_size is None
-        self.parts_per_thread = _PARTS_PER_THREAD if p.op_estimate >= _BALANCE_WORK else 1
+        self.parts_per_thread = parts_per_thread(p.op_estimate, p.mem_estimate)
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
         if self.plain_launch:
@@ -66,12 +66,20 @@ def thread_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# a kernel of at least this many ops runs in 4 parts per thread, which threads take in turn (one that the machine runs
-# slower takes fewer); any other in one part per thread: a part costs a GIL hand-off, and a kernel that mostly moves
-# memory (a sum, an elementwise chain) shares one memory bus between the threads, which parts do not balance (a
-# 4096 x 4096 row sum was ~5% slower in 4 parts per thread)
+# a kernel of at least this many ops, and this many per byte it moves, runs in 4 parts per thread, which threads take
+# in turn (one that the machine runs slower takes fewer); any other in one part per thread: a part costs a GIL
+# hand-off, and a kernel that mostly moves memory (a sum, an elementwise chain) shares one memory bus between the
+# threads, which parts do not balance (a 4096 x 4096 row sum and a compensated 16M sum were 3-5% slower in 4 parts
+# per thread; an elementwise chain with an exp the same in both)
 _BALANCE_WORK = 1 << 24
+_BALANCE_OPS_PER_BYTE = 1
 _PARTS_PER_THREAD = 4
+
+
+def parts_per_thread(op_estimate: int, mem_estimate: int) -> int:
+    """The parts per thread of a threaded kernel that runs about `op_estimate` ops and moves `mem_estimate` bytes."""
+    compute_bound = op_estimate >= _BALANCE_WORK and op_estimate >= mem_estimate * _BALANCE_OPS_PER_BYTE
+    return _PARTS_PER_THREAD if compute_bound else 1
 
 
 class _Workers:
