@@ -132,7 +132,9 @@ def _print_progress(r: Result) -> None:
 
 MIN_RUNS = 3  # timed runs of a figure, at least, whatever its time
 # the warm-up goes on for this long (at most MAX_WARMUP_CALLS calls) after its `warmup` calls: a core that was idle
-# takes a few milliseconds to come up to speed (a 64 MB sum ran 2x slow for its first 3-5 calls, torch's for 1-2)
+# takes a few milliseconds to come up to speed (a 64 MB sum ran 2x slow for its first 3-5 calls, torch's for 1-2).
+# (Until 2026-11-30 a first call that compiled for longer than this ended the warm-up: tgcore's figures of a new
+# kernel were timed from its second call on, while torch's and numpy's had the whole warm-up)
 WARMUP_S = 0.05
 MAX_WARMUP_CALLS = 20
 
@@ -180,16 +182,18 @@ def measure(
     out = None
     start = time.perf_counter()
     calls, last, warm_from = 0, 0.0, start
-    # (counted from the end of the first call, which may compile; none past warmup for a call as long as WARMUP_S)
+    # WARMUP_S counts from the end of the `warmup` calls, which may compile (so their time stops nothing); a call
+    # after them that takes WARMUP_S alone is the last of the warm-up
     while calls < warmup or (
-        calls < MAX_WARMUP_CALLS and last < WARMUP_S and time.perf_counter() - warm_from < WARMUP_S
+        calls < warmup + MAX_WARMUP_CALLS and last < WARMUP_S and time.perf_counter() - warm_from < WARMUP_S
     ):
         out = None
         t0 = time.perf_counter()
         out = fn()
         sync()
-        calls, last = calls + 1, time.perf_counter() - t0
-        if calls == 1:
+        calls += 1
+        last = time.perf_counter() - t0 if calls > warmup else 0.0
+        if calls == warmup:
             warm_from = time.perf_counter()
     if time.perf_counter() - start > budget_s:
         min_runs = 1
