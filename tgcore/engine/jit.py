@@ -79,6 +79,7 @@ class TinyJit(Generic[ReturnType]):
         self.jit_cache: list[ExecItem] = []
         # (exec item, buffer position, input): the buffer of that input goes there
         self.input_places: list[tuple[int, int, int]] = []
+        self.launches: list[tuple[Any, Any]] = []
         self.signature: list[_InputSignature] = []
         self.ret: Any = None
 
@@ -128,6 +129,12 @@ class TinyJit(Generic[ReturnType]):
         self.exact_signature = [(t.shape, t.dtype, t.device) for t in tensors]
         compiled = [ei.prg for ei in recorded if isinstance(ei.prg, CompiledRunner)]
         self.counts = (len(compiled), sum(p.op_estimate for p in compiled), sum(p.mem_estimate for p in compiled))
+        # what a replay calls per item: a plain CPU launch goes straight to the device's program with the buffers'
+        # memory (CompiledRunner.__call__ would do the same, one Python call later); anything else through run()
+        self.launches = [
+            (ei.prg.clprg, ei.bufs) if isinstance(ei.prg, CompiledRunner) and ei.prg.plain_launch else (None, ei)
+            for ei in recorded
+        ]
         self.cnt = 2
         return self.ret
 
@@ -143,8 +150,11 @@ class TinyJit(Generic[ReturnType]):
             for ei in cache:
                 ei.run(var_vals)
             return self.ret
-        for ei in cache:
-            ei.prg(ei.bufs, var_vals)
+        for prg, bufs in self.launches:
+            if prg is not None:
+                prg(*[b._opaque for b in bufs])
+            else:
+                bufs.prg(bufs.bufs, var_vals)
         n, ops, mem = self.counts
         GlobalCounters.kernel_count += n
         GlobalCounters.global_ops += ops
@@ -173,6 +183,15 @@ class TinyJit(Generic[ReturnType]):
 def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[tuple[list[Any], dict[Variable, int]]]:
     """The LazyBuffers of the tensor arguments and the values of the Variables, when every tensor is already its
     own realized contiguous buffer (else None: the slow path realizes them)."""
+    if len(args) == 1 and not kwargs:  # one tensor argument (the common call): no loop
+        lb = getattr(args[0], "lazydata", None)
+        if (
+            lb is not None
+            and getattr(lb, "_base", True) is None
+            and lb.realized is not None
+            and hasattr(args[0], "realize")
+        ):
+            return [lb], {}
     lbs: list[Any] = []
     var_vals: dict[Variable, int] = {}
     for v in (*args, *kwargs.values()) if kwargs else args:
