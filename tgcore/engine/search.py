@@ -28,7 +28,7 @@ from tgcore.renderer import ProgramSpec
 
 # the disk-cache table, and the version of what it stores (bump it when Opts change meaning)
 CACHE_TABLE = "beam_search"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a long contiguous reduce is a lane reduce (its kernels have one axis more)
 MAX_STEPS = 8  # steps of a search; each adds one Opt
 RUNS = 3  # timed runs of each candidate (the fastest counts)
 MAX_UNROLLED_OPS = 4096  # candidates whose loop body would hold more AST nodes than this are not tried (compile time)
