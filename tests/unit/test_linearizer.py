@@ -1,4 +1,5 @@
-"""The linearizer's choices that depend on what a Renderer declares: fused_mulacc, and shared memory (STAGE)."""
+"""The linearizer's choices that depend on what a Renderer declares (fused_mulacc, shared memory: STAGE), and the
+summation orders every device shares: compensated float32 sums and lane reduces."""
 
 from __future__ import annotations
 
@@ -174,12 +175,22 @@ def _accumulators(t: Tensor) -> int:
     return sum(u.op is UOps.DEFINE_ACC for u in _uops(t, False, optimize=False))
 
 
-def test_long_float32_sums_are_compensated_the_same_way_whatever_the_optimizations() -> None:
+DEVICES = ["PYTHON"] + sorted(d for d in Device.available() if d != "PYTHON")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_float32_sums_are_compensated_the_same_way_on_every_device(device: str) -> None:
     # 3000 x 0.1 in one float32 chain drifts to 300.00894 (3e-5 off); compensated it is the float32 nearest the sum
     col = np.full((3000, 3), 0.1, np.float32)
     np.testing.assert_array_equal(
-        Tensor(col).sum(axis=0).numpy(), col.astype(np.float64).sum(axis=0).astype(np.float32)
+        Tensor(col, device=device).sum(axis=0).numpy(), col.astype(np.float64).sum(axis=0).astype(np.float32)
     )
+    data = np.random.default_rng(3).standard_normal((2048, 5)).astype(np.float32) + np.float32(10)
+    np.testing.assert_array_equal(Tensor(data, device=device).sum(axis=0).numpy(), _compensated_np(data))
+
+
+def test_long_float32_sums_are_compensated_the_same_way_whatever_the_optimizations() -> None:
+    col = np.full((3000, 3), 0.1, np.float32)
     chain = np.zeros(3, np.float32)
     for row in col:
         chain += row
@@ -195,7 +206,8 @@ def test_long_float32_sums_are_compensated_the_same_way_whatever_the_optimizatio
     np.testing.assert_array_equal(_run(si, Kernel(si.ast, PythonRenderer())), expected)
 
 
-def test_a_compensated_sum_keeps_infinities_nans_and_overflow() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compensated_sum_keeps_infinities_nans_and_overflow(device: str) -> None:
     ones = np.ones((2048, 1), np.float32)
     cases = [
         (np.inf, np.inf),  # one inf among finite terms
@@ -204,13 +216,16 @@ def test_a_compensated_sum_keeps_infinities_nans_and_overflow() -> None:
     for value, expected in cases:
         x = ones.copy()
         x[700] = value
-        got = Tensor(x).sum(axis=0).numpy()[0]
+        got = Tensor(x, device=device).sum(axis=0).numpy()[0]
         assert got == expected or (np.isnan(expected) and np.isnan(got))
     both = ones.copy()
     both[5], both[900] = np.inf, -np.inf
-    assert np.isnan(Tensor(both).sum(axis=0).numpy()[0])
+    assert np.isnan(Tensor(both, device=device).sum(axis=0).numpy()[0])
     huge = np.full((2048, 1), 3e38, np.float32)
-    assert Tensor(huge).sum(axis=0).numpy()[0] == np.inf and Tensor(-huge).sum(axis=0).numpy()[0] == -np.inf
+    assert (
+        Tensor(huge, device=device).sum(axis=0).numpy()[0] == np.inf
+        and Tensor(-huge, device=device).sum(axis=0).numpy()[0] == -np.inf
+    )
 
 
 def test_only_long_float32_sums_that_are_not_contractions_are_compensated() -> None:
@@ -224,3 +239,54 @@ def test_only_long_float32_sums_that_are_not_contractions_are_compensated() -> N
     assert _accumulators(x[:1000].sum(axis=0)) == 1  # too short to need it
     if dtypes.float64 in Device[Device.DEFAULT].spec.dtypes:
         assert _accumulators(x.cast(dtypes.float64).sum(axis=0)) == 1
+
+
+# ***** lane reduces *****
+
+
+def _lanes(t: Tensor) -> int:
+    """The lanes of the kernel computing `t` (0: not a lane reduce)."""
+    return Kernel(t.schedule()[-1].ast, Device[t.device].renderer).reduce_lanes
+
+
+def _lane_sums(rows: np.ndarray, compensated: bool) -> np.ndarray:
+    """A lane reduce's float32 row sums, in its order: lane l adds a[r, l], a[r, 16 + l], ... (compensated:
+    Fast2Sum, the errors kept apart), then the 16 lanes are added from the first (compensated: the same way, and
+    every error added back at the end)."""
+    s, e = np.zeros((len(rows), 16), np.float32), np.zeros((len(rows), 16), np.float32)
+    for chunk in rows.reshape(len(rows), -1, 16).transpose(1, 0, 2):
+        t = s + chunk
+        e, s = (e + ((s - t) + chunk), t) if compensated else (e, t)
+    total, err = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
+    for lane, lane_err in zip(s.T, e.T):
+        t = total + lane
+        err, total = (err + (((total - t) + lane) + lane_err), t) if compensated else (err, t)
+    return total + err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order(device: str) -> None:
+    rng = np.random.default_rng(5)
+    for width, compensated in ((4096, False), (1 << 14, True)):  # 256 or 1024 terms per lane
+        a_np = rng.standard_normal((4, width)).astype(np.float32) + np.float32(1)
+        a = Tensor(a_np, device=device)
+        assert len(a.sum(axis=1).schedule()) == 1 and _lanes(a.sum(axis=1)) == 16
+        # in exactly this order on every device, whatever the optimizer does
+        np.testing.assert_array_equal(a.sum(axis=1).numpy(), _lane_sums(a_np, compensated))
+        np.testing.assert_array_equal(a.max(axis=1).numpy(), a_np.max(axis=1))
+    with_nan = a_np.copy()
+    with_nan[1, 5] = np.nan
+    t = Tensor(with_nan, device=device)
+    assert np.isnan(t.max(axis=1).numpy()[1]) and np.isnan(t.sum(axis=1).numpy()[1])
+    short = Tensor(rng.standard_normal(1000).astype(np.float32), device=device).sum()
+    for out in (a.sum(axis=0), short, a[:, :2000].sum(axis=1), a[:, :2056].sum(axis=1)):
+        assert _lanes(out) == 0  # not a contiguous axis, too short, or not a multiple of 16
+    x_np, w_np = rng.standard_normal((3, 4096)).astype(np.float32), rng.standard_normal((4096, 2)).astype(np.float32)
+    x = Tensor(x_np, device=device)
+    mm = x @ Tensor(w_np, device=device)  # a reduce over broadcast operands is a contraction: tiled instead
+    assert _lanes(mm) == 0
+    np.testing.assert_allclose(mm.numpy(), x_np @ w_np, rtol=1e-4, atol=1e-3)
+    centred = x - x.mean(axis=1, keepdim=True)  # broadcast along the reduce axis only
+    assert _lanes((centred * centred).sum(axis=1)) == 16
+    ref = ((x_np - x_np.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+    np.testing.assert_allclose((centred * centred).sum(axis=1).numpy(), ref, rtol=1e-5)

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 from tgcore import GlobalCounters, Tensor, dtypes
-from tgcore.codegen.kernel import Kernel
-from tgcore.device import Device
 from tgcore.ops import BufferOps, LoadOps
 
 
@@ -247,49 +245,6 @@ def test_big_full_reduce_runs_in_two_stages(n: int) -> None:
     assert np.isnan(Tensor(with_nan).max().numpy())
     ints = np.random.default_rng(1).integers(-(2**31), 2**31 - 1, n, dtype=np.int64).astype(np.int32)
     assert Tensor(ints).sum().numpy() == ints.sum(dtype=np.int32)  # wraps like numpy's int32 sum (exact)
-
-
-def _lanes(t: Tensor) -> int:
-    """The lanes of the kernel computing `t` (0: not a lane reduce)."""
-    return Kernel(t.schedule()[-1].ast, Device[Device.DEFAULT].renderer).reduce_lanes
-
-
-def _lane_sums(rows: np.ndarray, compensated: bool) -> np.ndarray:
-    """A lane reduce's float32 row sums, in its order: lane l adds a[r, l], a[r, 16 + l], ... (compensated:
-    Fast2Sum, the errors kept apart), then the 16 lanes are added from the first (compensated: the same way, and
-    every error added back at the end)."""
-    s, e = np.zeros((len(rows), 16), np.float32), np.zeros((len(rows), 16), np.float32)
-    for chunk in rows.reshape(len(rows), -1, 16).transpose(1, 0, 2):
-        t = s + chunk
-        e, s = (e + ((s - t) + chunk), t) if compensated else (e, t)
-    total, err = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
-    for lane, lane_err in zip(s.T, e.T):
-        t = total + lane
-        err, total = (err + (((total - t) + lane) + lane_err), t) if compensated else (err, t)
-    return total + err
-
-
-def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order() -> None:
-    for width, compensated in ((4096, False), (1 << 14, True)):  # 256 or 1024 terms per lane
-        a_np = data(4, width) + np.float32(1)
-        a = Tensor(a_np)
-        assert store_items(a.sum(axis=1)) == 1 and _lanes(a.sum(axis=1)) == 16
-        # in exactly this order on every device, whatever the optimizer does
-        np.testing.assert_array_equal(a.sum(axis=1).numpy(), _lane_sums(a_np, compensated))
-        np.testing.assert_array_equal(a.max(axis=1).numpy(), a_np.max(axis=1))
-    with_nan = a_np.copy()
-    with_nan[1, 5] = np.nan
-    assert np.isnan(Tensor(with_nan).max(axis=1).numpy()[1]) and np.isnan(Tensor(with_nan).sum(axis=1).numpy()[1])
-    for out in (a.sum(axis=0), Tensor(data(1000)).sum(), a[:, :2000].sum(axis=1), a[:, :2056].sum(axis=1)):
-        assert _lanes(out) == 0  # not a contiguous axis, too short, or not a multiple of 16
-    x_np, w_np = data(3, 4096), data(4096, 2, seed=1)
-    mm = Tensor(x_np) @ Tensor(w_np)  # a reduce over broadcast operands is a contraction: tiled instead
-    assert _lanes(mm) == 0
-    np.testing.assert_allclose(mm.numpy(), x_np @ w_np, rtol=1e-4, atol=1e-3)
-    centred = Tensor(x_np) - Tensor(x_np).mean(axis=1, keepdim=True)  # broadcast along the reduce axis only
-    assert _lanes((centred * centred).sum(axis=1)) == 16
-    ref = ((x_np - x_np.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
-    np.testing.assert_allclose((centred * centred).sum(axis=1).numpy(), ref, rtol=1e-5)
 
 
 # ***** the schedule cache's flat-graph key and the cached constant operands *****
