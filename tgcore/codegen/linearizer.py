@@ -558,9 +558,9 @@ class Linearizer:
             return False
         if k.is_contraction():
             return False
-        sizes = [s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)]
         if all(s == 1 for a, s in enumerate(k.full_shape) if not k.is_reduce_axis(a)):
-            return True  # a sum into one value (the last stage of a reduce of everything): cheap, and it adds up all
+            return True  # a sum into one value (as the last stage of a reduce of everything): cheap, and exact matters
+        sizes = [s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)]
         return prod(sizes) // max(k.reduce_lanes, 1) >= COMPENSATED_MIN  # (terms per lane)
 
     def _compensated_add(self, s: Value, e: Value, v: Value) -> tuple[Value, Value]:
