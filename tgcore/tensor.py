@@ -578,8 +578,17 @@ class Tensor:
 
     def reshape(self, shape: Any, *args: Any) -> Tensor:
         new_shape = argfix(shape, *args)
+        if all(type(s) is int and s >= 0 for s in new_shape) and all(type(s) is int for s in self.shape):
+            # plain sizes on both sides (the common call): nothing to infer, the sizes multiply out directly
+            if prod(new_shape) != prod(self.shape):
+                raise ValueError(
+                    f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {new_shape}"
+                )
+            return F.Reshape.apply(self, shape=tuple(new_shape)) if tuple(new_shape) != self.shape else self
         if sum(1 for s in new_shape if s == -1) > 1:
             raise ValueError(f"reshape can infer only one dimension, got {new_shape}")
+        if any(s is not None and not isinstance(s, Node) and s < -1 for s in new_shape):
+            raise ValueError(f"reshape sizes must be >= 0 (or -1 for one inferred size), got {new_shape}")
         resolved = []
         for i, s in enumerate(new_shape):
             if s is None:
@@ -918,7 +927,11 @@ class Tensor:
         if self.ndim == 0:
             return self
         ret = fxn.apply(self, axis=axes)
-        return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+        if keepdim:
+            return ret
+        # the reduced axes (size 1 in ret) dropped: the same elements, so no check of the shape is needed
+        shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
+        return F.Reshape.apply(ret, shape=shape) if shape != ret.shape else ret
 
     def sum(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, acc_dtype: Optional[DType] = None

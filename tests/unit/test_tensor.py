@@ -873,6 +873,9 @@ def test_reshape() -> None:
         t.reshape(-1, -1)
     with pytest.raises(ValueError):
         t.reshape(7, -1)
+    with pytest.raises(ValueError, match=">= 0"):
+        t.reshape(-2, -12)  # (its product is right: a negative size is still no size)
+    exact(t.reshape(np.int64(6), 4), a.reshape(6, 4))
 
 
 def test_expand() -> None:
