@@ -158,7 +158,8 @@ def test_explicit_opts_keep_results(device: str, opts: list[Opt]) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_unroll_keeps_the_order_of_a_float_sum(device: str) -> None:
     # values whose float32 sum depends on the order: any reordering shows up in the low bits
-    x = (np.random.default_rng(3).standard_normal((4, 64)) * 10.0 ** np.arange(64) % 1e6).astype(np.float32)
+    # (rows of 48: shorter than a lane reduce, which fixes its own order, see test_linearizer)
+    x = (np.random.default_rng(3).standard_normal((4, 48)) * 10.0 ** np.arange(48) % 1e6).astype(np.float32)
     for opts in (
         [Opt(OptOps.UNROLL, 0, 4)],
         [Opt(OptOps.UNROLL, 0, 8), Opt(OptOps.UNROLL, 0, 2)],

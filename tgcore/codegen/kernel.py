@@ -11,11 +11,12 @@ reduce has size 1 on the reduce axes. The axes come in this order:
                                     except the last axis of a lane reduce (`reduce_lanes`), whose lanes accumulate
                                     apart and are combined in order after the loop
 
-A lane reduce is fixed at construction, from the AST alone: a SUM or MAX over one long axis that an input reads
-contiguously (n >= LANE_REDUCE_MIN, a multiple of REDUCE_LANES), not a contraction, is viewed as (n / L, L) with L =
+A lane reduce is fixed at construction, from the AST (and, for a MAX, whether the renderer has a vector MAX): a SUM
+or MAX over one axis that an input reads contiguously (n >= LANE_REDUCE_MIN, a multiple of REDUCE_LANES), not a
+contraction, is viewed as (n / L, L) with L =
 REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent chains that fill a vector register), then the
 L lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). Every device and
-every optimization of the kernel sums in that order.
+every optimization of the kernel sums in that order (a MAX's result has no order).
 
 Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
 axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
@@ -49,9 +50,10 @@ MAX_GROUP = 128  # work items in a workgroup the heuristics make
 MAX_STAGE_COPIES = 32  # elements each work item copies into shared memory for one STAGE
 STAGE_REDUCE = 16  # reduce steps per shared-memory tile the heuristics stage
 PANEL_TILES = 4
-# a reduce over a contiguous axis at least this long runs in REDUCE_LANES lanes (see the module docstring): 16 floats
-# are one AVX-512 register, two AVX2 or four NEON ones (a 4096 x 4096 row sum was ~6% faster than with 64 lanes)
-LANE_REDUCE_MIN = 2048
+# a sum over a contiguous axis at least this long runs in REDUCE_LANES lanes (see the module docstring): 16 floats
+# are one AVX-512 register, two AVX2 or four NEON ones (a 4096 x 4096 row sum was ~6% faster than with 64 lanes;
+# rows of 64 to 1024 sum 1.2-2.3x faster in lanes than in one chain each, four rows at a time)
+LANE_REDUCE_MIN = 64
 REDUCE_LANES = 16
 
 
@@ -243,6 +245,10 @@ class Kernel:
         """Make this a lane reduce where it is one (see the module docstring)."""
         if self.n_reduce != 1 or self.upcasted or not self.reduceops:
             return
+        if any(r.op is not ReduceOps.SUM for r in self.reduceops) and BinaryOps.MAX not in getattr(
+            self.opts, "vector_math", ()
+        ):
+            return  # a MAX in lanes needs the renderer's vector MAX (its result has no order to fix)
         axis, lanes = self.first_reduce, REDUCE_LANES
         n = self.full_shape[axis]
         if not isinstance(n, int) or n < LANE_REDUCE_MIN or n % lanes != 0 or self.is_contraction():

@@ -455,7 +455,8 @@ class Linearizer:
         k = self.k
         dt = dtype_of(op.src[0])
         init = 0 if op.op is ReduceOps.SUM else dtypes.min(dt)
-        vector = self._vectorizable(dt) and op.op in _VECTOR_REDUCE
+        # vector accumulators for a SUM, and for a MAX where the renderer has a vector MAX
+        vector = self._vectorizable(dt) and (op.op in _VECTOR_REDUCE or _REDUCE_ALU[op.op] in self.vector_math)
         # one accumulator per group of the global upcast axes; lanes of an unrolled axis share it
         groups_of: dict[tuple[int, ...], list[int]] = {}
         for g in range(self.n_groups):
@@ -493,7 +494,8 @@ class Linearizer:
                         mulacc = (self._vector(product[0]), self._vector(product[1]), cur)
                         new = self.uop(UOps.ALU, cur.dtype, mulacc, TernaryOps.MULACC, cse=False)
                     else:
-                        new = self.uop(UOps.ALU, cur.dtype, (cur, self._vector(vals[g])), BinaryOps.ADD, cse=False)
+                        alu = _REDUCE_ALU[op.op]  # type: ignore[index]
+                        new = self.uop(UOps.ALU, cur.dtype, (cur, self._vector(vals[g])), alu, cse=False)
                     current[key] = self._phi(cur, new)
                 elif product is not None:
                     current[key] = tuple(
