@@ -13,10 +13,10 @@ reduce has size 1 on the reduce axes. The axes come in this order:
 
 A lane reduce is fixed at construction, from the AST (and, for a MAX, whether the renderer has a vector MAX): a SUM
 or MAX over one axis that an input reads contiguously (n >= LANE_REDUCE_MIN, a multiple of REDUCE_LANES), not a
-contraction, is viewed as (n / L, L) with L =
-REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent chains that fill a vector register), then the
-L lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). Every device and
-every optimization of the kernel sums in that order (a MAX's result has no order).
+contraction, is viewed as (n / L, L) with L = REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent
+chains that fill a vector register), then the L lanes are combined from the first (for a compensated sum with their
+errors: codegen/linearizer.py). Every device and every optimization of the kernel sums in that order (a MAX's result
+has no order).
 
 Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
 axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
