@@ -285,6 +285,7 @@ def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order(device: str) -> None
     for out in (a.sum(axis=0), short, a[:, :48].sum(axis=1), a[:, :2056].sum(axis=1)):
         assert _lanes(out) == 0  # not a contiguous axis, not a multiple of 16, too short
     assert _lanes(a[:, :64].sum(axis=1)) == 16
+    assert _lanes(a.cast(dtypes.int32).sum(axis=1)) == 0  # integer lanes would be scalar accumulators
     np.testing.assert_array_equal(a[:, :64].sum(axis=1).numpy(), _lane_sums(a_np[:, :64], False))
     x_np, w_np = rng.standard_normal((3, 4096)).astype(np.float32), rng.standard_normal((4096, 2)).astype(np.float32)
     x = Tensor(x_np, device=device)
