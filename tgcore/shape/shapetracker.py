@@ -295,7 +295,7 @@ class ShapeTracker:
     def reshape(self, new_shape: Sequence[sint]) -> "ShapeTracker":
         new_shape = tuple(new_shape)
         # remembered per tracker for plain int shapes: a program reshapes the same trackers the same way at every
-        # step (a sum's two stages are five reshapes). Per object, not in a global table, because a bound Variable
+        # step (a sum of everything is four reshapes). Per object, not in a global table, because a bound Variable
         # compares equal to the unbound one and must not be swapped for it.
         cache = self.__dict__.get("_reshapes")
         if cache is not None and (ret := cache.get(new_shape)) is not None:
