@@ -539,9 +539,8 @@ class Linearizer:
                 if e is None:
                     total = self.alu(_REDUCE_ALU[op.op], dt, total, s)  # type: ignore[index]
                     continue
-                t = self.alu(BinaryOps.ADD, dt, total, s)
-                lost = self.alu(BinaryOps.ADD, dt, self.alu(BinaryOps.SUB, dt, total, t), s)
-                err, total = self.alu(BinaryOps.ADD, dt, err, self.alu(BinaryOps.ADD, dt, lost, e)), t
+                total, lost = self._fast2sum(total, s)
+                err = self.alu(BinaryOps.ADD, dt, err, self.alu(BinaryOps.ADD, dt, lost, e))
             combined[out] = total if errors is None else self._with_errors(total, err)
         return [self._splat(combined[self._group_key(g)[:-1]]) for g in range(self.n_groups)]
 
@@ -565,27 +564,27 @@ class Linearizer:
         sizes = [s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)]
         return prod(sizes) // max(k.reduce_lanes, 1) >= COMPENSATED_MIN  # (terms per lane)
 
-    def _compensated_add(self, s: Value, e: Value, v: Value) -> tuple[Value, Value]:
-        """`v` into the sum `s`, and the rounding error of that add into `e`: t = s + v, error (s - t) + v (Fast2Sum:
-        exact while |s| >= |v|, i.e. once the sum outgrows its terms). Both are computed before either accumulator
-        takes its new value."""
+    def _fast2sum(self, s: UOp, v: UOp) -> tuple[UOp, UOp]:
+        """t = s + v and the rounding error of that add, (s - t) + v (Fast2Sum: exact while |s| >= |v|, i.e. once the
+        sum outgrows its terms)."""
 
-        def add(op: BinaryOps, a: UOp, b: UOp) -> UOp:
+        def alu(op: BinaryOps, a: UOp, b: UOp) -> UOp:
             return self.uop(UOps.ALU, a.dtype, (a, b), op, cse=False)
 
-        def step(s1: UOp, e1: UOp, v1: UOp) -> tuple[UOp, UOp]:
-            t = add(BinaryOps.ADD, s1, v1)
-            return t, add(BinaryOps.ADD, e1, add(BinaryOps.ADD, add(BinaryOps.SUB, s1, t), v1))
+        t = alu(BinaryOps.ADD, s, v)
+        return t, alu(BinaryOps.ADD, alu(BinaryOps.SUB, s, t), v)
 
-        if not isinstance(s, tuple):
-            assert not isinstance(e, tuple) and not isinstance(v, tuple)
-            t, new_e = step(s, e, v)
-            return self._phi_one(s, t), self._phi_one(e, new_e)
-        assert isinstance(e, tuple) and isinstance(v, tuple)
-        outs = [step(s1, e1, v1) for s1, e1, v1 in zip(s, e, v)]
-        return tuple(self._phi_one(a, t) for a, (t, _) in zip(s, outs)), tuple(
-            self._phi_one(a, n) for a, (_, n) in zip(e, outs)
-        )
+    def _compensated_add(self, s: Value, e: Value, v: Value) -> tuple[Value, Value]:
+        """`v` into the sum `s` (a vector uop or a tuple of lanes), and the rounding error of that add into `e`. Each
+        lane's new values are computed before its accumulators take them."""
+        lanes = isinstance(s, tuple)
+        new_s, new_e = [], []
+        for s1, e1, v1 in zip(*((s, e, v) if lanes else ((s,), (e,), (v,)))):  # type: ignore[arg-type]
+            t, lost = self._fast2sum(s1, v1)
+            err = self.uop(UOps.ALU, e1.dtype, (e1, lost), BinaryOps.ADD, cse=False)
+            new_s.append(self._phi_one(s1, t))
+            new_e.append(self._phi_one(e1, err))
+        return (tuple(new_s), tuple(new_e)) if lanes else (new_s[0], new_e[0])
 
     def _compensated_result(self, s: Value, e: Value) -> Value:
         """A compensated sum after its loop: s + e, the sum with its rounding errors added back; where that is not
