@@ -259,6 +259,72 @@ def test_hoist_is_refused_where_it_cannot_keep_results() -> None:
         k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
 
 
+def cpu_style_python_with_scratch(scratch_max: int = 1 << 16) -> Renderer:
+    r = cpu_style_python()
+    r.scratch_max = scratch_max
+    return r
+
+
+# HOISTED's kernel is [panels, rows, tiles | reduce blocks, steps | 2 rows, 8 columns]: a's block (rows, steps, its
+# two rows) and b's (tiles, steps, the columns) are each read again by the inner loop the other one follows
+PACKED = [*HOISTED, Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 1, 0)]
+
+
+def test_packed_inputs_keep_results_on_python() -> None:
+    renderer = cpu_style_python_with_scratch()
+    x = (np.random.default_rng(3).standard_normal((8, 32)) * 10.0 ** np.arange(32) % 1e6).astype(np.float32)
+    k = check("PYTHON", lambda a, b: a @ b, x, data((32, 32)), opts=PACKED, renderer=renderer)
+    assert len(k.packed) == 2 and [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
+    # padding: the block holds 0 where the input is outside its buffer, and the inner loop reads it ungated
+    check("PYTHON", lambda a, b: a.pad(((0, 0), (3, 1))) @ b, data((8, 28)), data((32, 32)), opts=PACKED[:-1],
+          renderer=renderer)
+
+
+@pytest.mark.parametrize("device", [d for d in CPU_DEVICES if getattr(Device[d].renderer, "scratch_max", 0)])
+def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
+    check(device, lambda a, b: a @ b, data((8, 32)), data((32, 32)), opts=PACKED)
+    check(device, lambda a, b: a @ b.pad(((2, 0), (0, 0))), data((8, 32)), data((30, 32)), opts=PACKED)
+    # the heuristics pack the right-hand block of a blocked matmul, whose rows are a power of two apart
+    k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
+    assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
+    assert [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
+
+
+def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((8, 32)), data((32, 32)))
+    k = Kernel(si.ast, cpu_style_python_with_scratch())
+    with pytest.raises(KernelOptError):  # before HOIST there are no inner loops to copy a block for
+        k.apply_opt(Opt(OptOps.PACK, 0, 0))
+    k.apply_opts(HOISTED)
+    for bad in (Opt(OptOps.PACK, 2, 0), Opt(OptOps.PACK, 0, 4)):  # no such input; an amount
+        with pytest.raises(KernelOptError):
+            k.apply_opt(bad)
+    k.apply_opt(Opt(OptOps.PACK, 0, 0))
+    with pytest.raises(KernelOptError):  # packed already
+        k.apply_opt(Opt(OptOps.PACK, 0, 0))
+    with pytest.raises(KernelOptError):  # nothing but PACK after HOIST
+        k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
+    small = Kernel(si.ast, cpu_style_python_with_scratch(64 * 4 + 127 * 4))
+    small.apply_opts([*HOISTED, Opt(OptOps.PACK, 0, 0)])
+    with pytest.raises(KernelOptError, match="scratch"):  # b's block (128 floats) does not fit beside a's (64)
+        small.apply_opt(Opt(OptOps.PACK, 1, 0))
+    plain = Kernel(si.ast, cpu_style_python())
+    plain.apply_opts(HOISTED)
+    with pytest.raises(KernelOptError, match="scratch"):  # a renderer without scratch memory
+        plain.apply_opt(Opt(OptOps.PACK, 0, 0))
+    # BEAM's next steps after HOIST: the PACKs, where the renderer has scratch memory
+    from tgcore.engine.search import actions
+
+    assert actions(k) == [Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 1, 0)] and actions(plain) == []
+    # a column sum's inner loop reads every element once: nothing to pack
+    sums = [Opt(OptOps.SPLIT, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.SPLIT, 1, 8), Opt(OptOps.HOIST, 1, 1)]
+    si = last_kernel("PYTHON", lambda a: a.sum(axis=0), data((32, 8)))
+    k = Kernel(si.ast, cpu_style_python_with_scratch())
+    k.apply_opts(sums)
+    with pytest.raises(KernelOptError, match="again"):
+        k.apply_opt(Opt(OptOps.PACK, 0, 0))
+
+
 # ***** the caches that keep Python off the hot path: they must never change a result *****
 
 

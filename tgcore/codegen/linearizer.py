@@ -5,7 +5,9 @@ reduce axes become loops with an accumulator. Index arithmetic comes from each b
 symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope, and uops without
 effects that nothing reads are dropped at the end. Where the Renderer declares `fused_mulacc`, a float SUM of
 products accumulates with MULACC; a STAGEd input is copied into shared memory (DEFINE_LOCAL) by the workgroup before
-the innermost reduce loop, between BARRIERs, and read from there.
+the innermost reduce loop, between BARRIERs, and read from there; a PACKed input is copied by the thread into a
+scratch block (DEFINE_LOCAL, no BARRIER) at each step of the outer reduce loops of a HOISTed kernel, and read from
+there.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
 from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
-from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
+from tgcore.ops import BinaryOps, BufferOps, LazyOp, MemBuffer, ReduceOps, TernaryOps, UnaryOps
+from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable, sint
+from tgcore.shape.view import View
 
 _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 # a SUM of products over these accumulates with MULACC on a renderer with `fused_mulacc`
@@ -60,6 +64,9 @@ class Linearizer:
         # STAGE: each staged input's shared-memory tile and its (axis, stride) pairs; set while lowering the reduce
         self.stages: dict[LazyOp, tuple[UOp, list[tuple[int, int]]]] = {}
         self.staging = False
+        # PACK: each packed input's block, as a LOAD of a scratch buffer (a negative idx) over the kernel's axes
+        self.packs: dict[LazyOp, LazyOp] = {}
+        self.sts: dict[LazyOp, ShapeTracker] = dict(k.sts)
 
     # ***** emission *****
 
@@ -185,6 +192,7 @@ class Linearizer:
             for r in reversed(inner_ranges):
                 self.close_range(r)
             self.ranges += self._open_loops(list(range(k.first_reduce, k.first_reduce + k.outer_reduces)), True)
+            self._pack_inputs()
             self.ranges += self._open_loops(inner, False)
         self._store(store, self.lower(store.src[0]))
         for r in reversed(self.ranges):
@@ -286,7 +294,7 @@ class Linearizer:
         validity) Nodes (validity None when always valid). Lanes of an axis the buffer does not vary along share."""
         if leaf in self.index_nodes_cache:
             return self.index_nodes_cache[leaf]
-        st = self.k.sts[leaf]
+        st = self.sts[leaf]
         loop_idxs: list[Node] = [
             NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(self.k.first_upcast)
         ]
@@ -350,9 +358,10 @@ class Linearizer:
         return idx0
 
     def _store(self, store: LazyOp, values: list[Value]) -> None:
-        """Store one value per group (lanes of an unrolled axis store the same element once)."""
+        """Store one value per group into the buffer of `store` (the output, or a PACK's block); lanes that write the
+        same element (an unrolled axis, an axis the buffer ignores) store it once."""
         lane_combo, combos = self.index_nodes(store)
-        buf = self.buffers[0]
+        buf = self.buffers[store.arg.idx]
         stored: set[int] = set()
         for g, value in enumerate(values):
             first = lane_combo[g * self.width]
@@ -423,6 +432,7 @@ class Linearizer:
 
     def _lower_group(self, op: LazyOp, g: int) -> Value:
         dt = op.arg.dtype
+        op = self.packs.get(op, op)
         if self.staging and op in self.stages:
             return tuple(self._staged_load(op, lane) for lane in self._group_lanes(g))
         if op.op is not BufferOps.CONST and self._vectorizable(dt) and (idx := self._contiguous(op, g)) is not None:
@@ -638,6 +648,29 @@ class Linearizer:
                 at = self.node(Node.sum([coords[a] * st for a, st in zip(axes, strides)]))
                 self.uop(UOps.STORE, None, (buf, at, value) if inside is None else (buf, at, value, self.node(inside)))
         self.uop(UOps.BARRIER, None, (), cse=False)
+
+    def _pack_inputs(self) -> None:
+        """PACK: each packed input's block (what the inner loops read of it in this step of the outer reduce loops) is
+        copied into scratch memory by loops over its axes, laid out in kernel order, so the inner loops read it
+        contiguously (and a block whose rows are a power of two apart in the input no longer maps to a few cache
+        sets). Invalid elements are copied as 0, so reads of the block are never gated."""
+        k = self.k
+        for n, leaf in enumerate(k.packed):
+            axes = k.pack_axes(leaf)
+            sizes = [_int(k.full_shape[a]) for a in axes]
+            strides = {a: prod(sizes[i + 1 :]) for i, a in enumerate(axes)}
+            buf = UOp(UOps.DEFINE_LOCAL, PtrDType.of(leaf.arg.dtype), (), (f"pack{n}", prod(sizes)))
+            self.header.append(buf)
+            shape = tuple(s if a in strides else 1 for a, s in enumerate(k.full_shape))
+            st = ShapeTracker((View.create(shape, tuple(strides.get(a, 0) for a in range(k.shape_len))),))
+            block = LazyOp(BufferOps.LOAD, (), MemBuffer(-1 - n, leaf.arg.dtype, st))
+            self.buffers[-1 - n], self.sts[block] = buf, st
+            loops = self._open_loops([a for a in axes if a < k.first_reduce], False)
+            loops += self._open_loops([a for a in axes if k.first_reduce <= a < k.first_upcast], True)
+            self._store(block, [self._lower_group(leaf, g) for g in range(self.n_groups)])
+            for r in reversed(loops):
+                self.close_range(r)
+            self.packs[leaf] = block
 
     def _staged_load(self, leaf: LazyOp, lane: int) -> UOp:
         """A lane's element of a staged input, read from its shared-memory tile."""

@@ -41,8 +41,8 @@ _SPLIT_AMOUNTS = (4, 8, 64, 128, 256)
 
 def actions(k: Kernel) -> list[Opt]:
     """Every single Opt worth trying on `k` next (some may not apply; apply_opt tells)."""
-    if k.inner_globals:
-        return []
+    if k.inner_globals:  # only PACK may follow HOIST
+        return [Opt(OptOps.PACK, i, 0) for i in range(len(k.loads()))] if getattr(k.opts, "scratch_max", 0) else []
     stage = [Opt(OptOps.STAGE, i, 0) for i in range(len(k.loads()))] if k.opts.has_shared and k.local_dims else []
     if k.staged:
         return stage  # only STAGE may follow STAGE

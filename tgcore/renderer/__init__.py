@@ -32,6 +32,10 @@ class Renderer:
     # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",
     # bound that loop; the core calls it once per thread with the vals of its part of range(n)
     threads: bool = False
+    # CPU-style kernels only: bytes of scratch memory one kernel may declare (a DEFINE_LOCAL without BARRIERs: an
+    # array of the running thread's own, e.g. on its stack). The optimizer packs the block of a big matmul's input
+    # that its inner loops reuse into it, contiguous in the order they read it (OptOps.PACK); 0: none
+    scratch_max: int = 0
     # vector uops only (codegen/uops.py): ALU ops besides VECTOR_ALU that this renderer computes on whole vectors
     # (e.g. EXP2 in a vectorized math routine); the optimizer upcasts elementwise kernels that use them
     vector_math: tuple[Any, ...] = ()

@@ -173,6 +173,10 @@ class CStyleLanguage(Renderer):
             return f"(({a}*{b})+{srcs[2]})"
         raise NotImplementedError(f"{type(self).__name__} cannot render ALU op {op}")
 
+    def render_local(self, name: str, dt: DType, size: int) -> str:
+        """The declaration of a DEFINE_LOCAL array of `size` elements."""
+        return f"{self.smem_prefix}{self.render_dtype(dt)} {name}[{size}];"
+
     def render_shift(self, op: Op, a: str, b: str, dt: DType) -> str:
         bits = dt.itemsize * 8
         t = self.render_dtype(dt)
@@ -219,7 +223,7 @@ class CStyleLanguage(Renderer):
             elif u.op is UOps.DEFINE_LOCAL:
                 assert dt is not None
                 names[id(u)] = u.arg[0]
-                emit(f"{self.smem_prefix}{self.render_dtype(dt)} {u.arg[0]}[{u.arg[1]}];")
+                emit(self.render_local(u.arg[0], dt.base, u.arg[1]))
             elif u.op is UOps.CONST:
                 assert dt is not None
                 names[id(u)] = self.render_const(u.arg, dt)

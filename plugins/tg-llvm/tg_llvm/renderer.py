@@ -235,6 +235,7 @@ class LLVMRenderer(Renderer):
     has_shared = False
     supports_float4 = False
     threads = True  # the core splits a big kernel's outermost loop across the host's cores (two more DEFINE_VARs)
+    scratch_max = 256 * 1024  # PACK blocks: stack arrays (alloca) of the calling thread
     fused_mulacc = True  # float32 / float64 MULACC is llvm.fma: a float SUM of products runs on FMA instructions
     # vector uops as LLVM vector types, as wide as the host's vector registers: the optimizer's register tiles
     # (a matmul's, a conv's) become vector code without relying on LLVM's vectorizers
@@ -562,7 +563,7 @@ class _FunctionWriter:
             elif u.op is UOps.DEFINE_LOCAL:
                 assert isinstance(dt, PtrDType)
                 name = "%" + self.fresh("local")
-                self.prologue.append(f"  {name} = alloca [{u.arg[1]} x {mem_type(dt.base)}], align 16")
+                self.prologue.append(f"  {name} = alloca [{u.arg[1]} x {mem_type(dt.base)}], align 64")
                 self.values[id(u)] = name
             elif u.op is UOps.CONST:
                 assert dt is not None
