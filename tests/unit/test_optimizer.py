@@ -268,12 +268,15 @@ def cpu_style_python_with_scratch(scratch_max: int = 1 << 16) -> Renderer:
 # HOISTED's kernel is [panels, rows, tiles | reduce blocks, steps | 2 rows, 8 columns]: a's block (rows, steps, its
 # two rows) and b's (tiles, steps, the columns) are each read again by the inner loop the other one follows
 PACKED = [*HOISTED, Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 1, 0)]
+GATHERED = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 1, 0)]
 
 
 def test_packed_inputs_keep_results_on_python() -> None:
     renderer = cpu_style_python_with_scratch()
     x = (np.random.default_rng(3).standard_normal((8, 32)) * 10.0 ** np.arange(32) % 1e6).astype(np.float32)
     k = check("PYTHON", lambda a, b: a @ b, x, data((32, 32)), opts=PACKED, renderer=renderer)
+    # without HOIST the block is copied at each step of the outermost loop: here, of w's rows (x @ w.T's columns)
+    check("PYTHON", lambda a, w: a @ w.T, x, data((32, 32)), opts=GATHERED, renderer=renderer)
     assert len(k.packed) == 2 and [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
     # padding: the block holds 0 where the input is outside its buffer, and the inner loop reads it ungated
     check("PYTHON", lambda a, b: a.pad(((0, 0), (3, 1))) @ b, data((8, 28)), data((32, 32)), opts=PACKED[:-1],
@@ -288,13 +291,15 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
     assert [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
+    # and, in a Linear layer (x @ w.T + b), w's rows for one tile of columns, which are gathered once so
+    check(device, lambda a, w: a @ w.T, data((8, 32)), data((32, 32)), opts=GATHERED)
+    k = check(device, lambda a, w, b: a @ w.T + b, data((32, 96)), data((64, 96)), data((64,)))
+    assert Opt(OptOps.SWAP, 0, 1) in k.applied_opts and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
 
 
 def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
     si = last_kernel("PYTHON", lambda a, b: a @ b, data((8, 32)), data((32, 32)))
     k = Kernel(si.ast, cpu_style_python_with_scratch())
-    with pytest.raises(KernelOptError):  # before HOIST there are no inner loops to copy a block for
-        k.apply_opt(Opt(OptOps.PACK, 0, 0))
     k.apply_opts(HOISTED)
     for bad in (Opt(OptOps.PACK, 2, 0), Opt(OptOps.PACK, 0, 4)):  # no such input; an amount
         with pytest.raises(KernelOptError):
@@ -316,6 +321,12 @@ def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
     from tgcore.engine.search import actions
 
     assert actions(k) == [Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 1, 0)] and actions(plain) == []
+    with pytest.raises(KernelOptError):  # nothing but PACK after PACK
+        unhoisted = Kernel(si.ast, cpu_style_python_with_scratch())
+        unhoisted.apply_opts([Opt(OptOps.PACK, 0, 0), Opt(OptOps.UPCAST, 0, 2)])
+    with pytest.raises(KernelOptError, match="again"):  # a row sum has no loop inside its rows' loop but the reduce
+        row_sum = last_kernel("PYTHON", lambda a: a.sum(axis=1), data((8, 32)))
+        Kernel(row_sum.ast, cpu_style_python_with_scratch()).apply_opt(Opt(OptOps.PACK, 0, 0))
     # a column sum's inner loop reads every element once: nothing to pack
     sums = [Opt(OptOps.SPLIT, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.SPLIT, 1, 8), Opt(OptOps.HOIST, 1, 1)]
     si = last_kernel("PYTHON", lambda a: a.sum(axis=0), data((32, 8)))

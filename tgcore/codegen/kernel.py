@@ -93,10 +93,10 @@ class OptOps(Enum):
     # workgroup copies what that loop reads of it into shared memory, and the loop reads it from there (devices with
     # shared memory; the input must be reused across a local axis); only STAGEs may follow
     STAGE = auto()
-    # axis: an input (its index among the kernel's loads), after HOIST, on a renderer with `scratch_max`: at each step
-    # of the outer reduce loops the thread copies what the inner loops will read of the input into scratch memory,
-    # laid out in the order they read it (contiguous), and they read it from there; the input must be reused across
-    # an inner global loop; only PACKs may follow
+    # axis: an input (its index among the kernel's loads), on a renderer with `scratch_max`: at each step of the
+    # outermost loop (after HOIST: of the outer reduce loops) the thread copies what the loops inside it will read of
+    # the input into scratch memory, laid out in the order they read it (contiguous), and they read it from there;
+    # a global loop inside must read the same elements again; only PACKs may follow
     PACK = auto()
 
 
@@ -294,6 +294,7 @@ class Kernel:
         """Apply one optimization; KernelOptError (and no change) when it does not apply."""
         _check(opt.amount >= 0, f"{opt}: the amount must be >= 0")
         _check(not self.inner_globals or opt.op is OptOps.PACK, f"{opt}: only PACK may follow HOIST")
+        _check(not self.packed or opt.op is OptOps.PACK, f"{opt}: only PACK may follow PACK")
         _check(not self.staged or opt.op is OptOps.STAGE, f"{opt}: only STAGE may follow STAGE")
         if opt.op is OptOps.PACK:
             self._pack(opt)
@@ -387,12 +388,19 @@ class Kernel:
         candidates = [*range(self.first_reduce - self.local_dims, self.first_reduce), self.first_upcast - 1]
         return self._axes_read(leaf, candidates + list(range(self.first_upcast, self.shape_len)))
 
+    def pack_loops(self) -> list[int]:
+        """The loops a PACK's block is copied for (the copy runs before them, at each step of the loops outside
+        them): after HOIST, the inner global and inner reduce loops; else every loop but the outermost."""
+        n_global = self.first_reduce - self.local_dims
+        if self.inner_globals:
+            inner = range(n_global - self.inner_globals, n_global)
+            return [*inner, *range(self.first_reduce + self.outer_reduces, self.first_upcast)]
+        return [*range(1, n_global), *range(self.first_reduce, self.first_upcast)]
+
     def pack_axes(self, leaf: LazyOp) -> list[int]:
         """The axes a PACK of `leaf` copies, in the block's layout (the kernel's order, the last axis contiguous):
-        the inner global loops, the inner reduce loops and the upcast axes that its index or validity depends on."""
-        n_global = self.first_reduce - self.local_dims
-        inner = range(n_global - self.inner_globals, n_global)
-        return self._axes_read(leaf, [*inner, *range(self.first_reduce + self.outer_reduces, self.shape_len)])
+        the pack_loops and the upcast axes that its index or validity depends on."""
+        return self._axes_read(leaf, [*self.pack_loops(), *range(self.first_upcast, self.shape_len)])
 
     def pack_size(self, leaf: LazyOp) -> int:
         """Elements a PACK of `leaf` copies."""
@@ -431,17 +439,15 @@ class Kernel:
     def _pack(self, opt: Opt) -> None:
         scratch = getattr(self.opts, "scratch_max", 0)
         _check(scratch > 0 and self.opts.global_max is None, f"{opt}: the device has no scratch memory for kernels")
-        _check(self.inner_globals > 0, f"{opt}: needs HOIST (inner global loops to copy the block for)")
         _check(all(isinstance(s, int) for s in self.full_shape), f"{opt}: the kernel has a symbolic size")
         loads = self.loads()
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
         _check(leaf not in self.packed, f"{opt}: that input is packed already")
-        n_global = self.first_reduce - self.local_dims
         axes = self.pack_axes(leaf)
         _check(
-            any(a not in axes for a in range(n_global - self.inner_globals, n_global)),
-            f"{opt}: no inner loop reads the same elements again",
+            any(a < self.first_reduce and a not in axes for a in self.pack_loops()),
+            f"{opt}: no global loop inside the copy reads the same elements again",
         )
         nbytes = sum(self.pack_size(x) * x.arg.dtype.itemsize for x in (*self.packed, leaf))
         _check(nbytes <= scratch, f"{opt}: {nbytes} bytes of scratch memory is more than {scratch}")
@@ -504,6 +510,7 @@ class Kernel:
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
+        tile: Optional[tuple[int, int]] = None
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
             col, col_amount = self._tile_column(broadcast, contiguous, vw)
 
@@ -530,6 +537,7 @@ class Kernel:
                     row = None
             if row is not None and col >= 0:
                 self._block_for_cache(row, col)
+                tile = (row, col)
         elif (
             contiguous
             and self.n_reduce
@@ -552,6 +560,8 @@ class Kernel:
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= MAX_LANES:
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
+        if tile is not None and not self.inner_globals:
+            self._pack_gathered(*tile)
 
     def _tile_column(self, broadcast: list[int], contiguous: list[int], vw: int) -> tuple[int, int]:
         """The tile's column axis (its last upcast axis: the vector axis) and how many columns a tile has."""
@@ -609,6 +619,22 @@ class Kernel:
         for i, leaf in enumerate(self.loads()):
             if self.shape_len - 1 in self.pack_axes(leaf):
                 self._try(Opt(OptOps.PACK, i, 0))
+
+    def _pack_gathered(self, row: int, col: int) -> None:
+        """CPU loops over a matmul of two global axes whose tile columns an input holds far apart (x @ w.T, a Linear
+        layer: the columns are w's rows): the column tiles become the outer loop and that input's block for one of
+        them (every reduce step of the tile's columns) is packed, each element gathered once instead of once per
+        row tile (a 128 x 784 x 512 Linear: ...)."""
+        if self.opts.global_max is not None or self.first_reduce != 2 or {row, col} != {0, 1}:
+            return
+        gathered = [i for i, ld in enumerate(self.loads()) if self.stride_of(ld, self.shape_len - 1) not in (0, 1)]
+        if len(gathered) != 1:
+            return
+        saved = self.copy()
+        if col == 1 and not self._try(Opt(OptOps.SWAP, 0, 1)):
+            return
+        if not self._try(Opt(OptOps.PACK, gathered[0], 0)):
+            self.__dict__.update(saved.__dict__)
 
     def _optimize_elementwise(self, globals_: list[int], vw: int) -> None:
         if vw <= 1:

@@ -181,7 +181,13 @@ class Linearizer:
         store = k.ast
         n_global = k.first_reduce - k.local_dims
         inner = list(range(n_global - k.inner_globals, n_global))
-        self._open_globals(list(range(n_global - k.inner_globals)))
+        outer = list(range(n_global - k.inner_globals))
+        if k.packed and not k.inner_globals:  # the blocks are copied at each step of the outermost loop
+            self._open_globals(outer[:1])
+            self._pack_inputs()
+            self._open_globals(outer[1:], may_thread=False)
+        else:
+            self._open_globals(outer)
         if k.inner_globals:  # the accumulators live in the output: set them, then run the outer reduce loops
             inner_ranges = self._open_loops(inner, False)
             init = dtypes.as_const(
@@ -238,13 +244,13 @@ class Linearizer:
         work = prod([s if isinstance(s, int) else s.max for s in k.full_shape])
         return work >= THREAD_MIN_WORK
 
-    def _open_globals(self, axes: list[int]) -> None:
+    def _open_globals(self, axes: list[int], may_thread: bool = True) -> None:
         k = self.k
         local_axes = list(range(k.first_reduce - k.local_dims, k.first_reduce))
         sizes = [k.full_shape[a] for a in axes]
         if self.k.opts.global_max is None:
             for n, (a, s) in enumerate(zip(axes, sizes)):
-                if n == 0 and self._threaded(axes):
+                if n == 0 and may_thread and self._threaded(axes):
                     assert isinstance(s, int)
                     self.thread_extent = s
                     bounds = [UOp(UOps.DEFINE_VAR, dtypes.int32, (), (name, 0, s)) for name in _THREAD_BOUNDS]
@@ -367,6 +373,9 @@ class Linearizer:
             first = lane_combo[g * self.width]
             if first in stored:
                 continue
+            if isinstance(value, tuple) and store.arg.idx < 0 and self._vectorizable(store.arg.dtype):
+                if self._contiguous(store, g) is not None:  # gathered lanes into a block: one vector store
+                    value = self._vector(value)
             if not isinstance(value, tuple) and (idx := self._contiguous(store, g)) is not None:
                 stored.add(first)
                 self.uop(UOps.STORE, None, (buf, self.node(idx), value), cse=False)
@@ -650,10 +659,11 @@ class Linearizer:
         self.uop(UOps.BARRIER, None, (), cse=False)
 
     def _pack_inputs(self) -> None:
-        """PACK: each packed input's block (what the inner loops read of it in this step of the outer reduce loops) is
-        copied into scratch memory by loops over its axes, laid out in kernel order, so the inner loops read it
-        contiguously (and a block whose rows are a power of two apart in the input no longer maps to a few cache
-        sets). Invalid elements are copied as 0, so reads of the block are never gated."""
+        """PACK: each packed input's block (what the loops inside the copy read of it: Kernel.pack_loops) is copied
+        into scratch memory by loops over its axes, laid out in kernel order, so those loops read it contiguously (a
+        block whose rows are a power of two apart in the input no longer maps to a few cache sets; columns gathered
+        from a transposed input are gathered once). Invalid elements are copied as 0, so reads of the block are
+        never gated."""
         k = self.k
         for n, leaf in enumerate(k.packed):
             axes = k.pack_axes(leaf)
