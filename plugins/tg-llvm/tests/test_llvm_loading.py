@@ -43,6 +43,16 @@ def run(prg: LLVMProgram) -> np.ndarray:
     return from_buffer(out)
 
 
+def test_a_program_called_again_reads_the_buffers_it_is_given():
+    # (the argument arrays are kept by buffer address: a call on other buffers, then on the first ones again)
+    prg = LLVMProgram("LLVM", "kern", LLVMCompiler().compile(source(BinaryOps.SUB)))
+    out = Buffer("LLVM", N, dtypes.float32).allocate()
+    a, b = (to_buffer("LLVM", x, dtypes.float32).allocate() for x in (A, B))
+    for first, second, expected in ((a, b, A - B), (b, a, B - A), (a, b, A - B), (b, b, B - B)):
+        prg(out._opaque, first._opaque, second._opaque)
+        np.testing.assert_array_equal(from_buffer(out), expected)
+
+
 def test_objects_export_the_name_with_a_digest_of_the_source():
     elf_or_skip()
     src = source(BinaryOps.ADD)
