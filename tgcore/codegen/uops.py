@@ -5,7 +5,8 @@ of the same list. The kinds, as `op: dtype; src; arg`:
 
 - DEFINE_GLOBAL: PtrDType of the elements; (); (index, name, writable): a buffer argument
 - DEFINE_VAR: int32; (); (name, min, max): a symbolic shape variable passed by value
-- DEFINE_LOCAL: PtrDType of the elements; (); (name, size): memory shared by a workgroup
+- DEFINE_LOCAL: PtrDType of the elements; (); (name, size): memory shared by a workgroup; in a CPU-style kernel
+  (a Renderer with `scratch_max`, never with a BARRIER) scratch memory of the calling thread's own
 - DEFINE_ACC: scalar; (); the initial value (a Python number): an accumulator variable
 - CONST: scalar; (); a Python bool / int / float
 - SPECIAL: int32; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>" (local)
