@@ -512,3 +512,34 @@ def test_reshapes_are_remembered_per_tracker_for_plain_shapes() -> None:
     sym = ShapeTracker.from_shape((i.bind(4), 6))
     assert sym.reshape((i.bind(4), 2, 3)).shape[0].val == 4  # symbolic shapes are not remembered: bindings stay
     assert sym.reshape((i, 2, 3)).shape[0].val is None
+
+
+def test_every_movement_op_is_remembered_per_tracker_for_plain_arguments() -> None:
+    st = ShapeTracker.from_shape((4, 6)).permute((1, 0))
+    fresh = ShapeTracker(st.views)  # the same views, no remembered moves
+    moves = [
+        ("pad", ((1, 2), (0, 3))),
+        ("shrink", ((1, 5), (0, 2))),
+        ("permute", (1, 0)),
+        ("expand", (6, 4)),
+        ("stride", (2, -1)),
+        ("flip", (0,)),
+        ("reshape", (3, 8)),
+    ]
+    for op, arg in moves:
+        first = getattr(st, op)(arg)
+        assert getattr(st, op)(list(arg)) is first, op
+        assert first == getattr(fresh, op)(arg), op
+    # a chain of moves, as a program makes at every step, gives the trackers of the last time
+    assert st.pad(((1, 1), (1, 1))).reshape((8, 6)).shrink(((1, 7), (0, 6))) is st.pad(((1, 1), (1, 1))).reshape(
+        (8, 6)
+    ).shrink(((1, 7), (0, 6)))
+    assert st.pad(((1, 1), (0, 0))) != st.pad(((2, 0), (0, 0)))  # other arguments, other trackers
+    for _ in range(2):  # a bad move raises every time
+        with pytest.raises(ValueError):
+            st.shrink(((0, 7), (0, 4)))
+    # symbolic bounds are not remembered: a bound Variable equals the unbound one, and each keeps its binding
+    i = Variable("i", 1, 10)
+    sym = ShapeTracker.from_shape((6,))
+    bound, unbound = sym.pad(((i.bind(2), 0),)), sym.pad(((i, 0),))
+    assert [v.val for v in bound.shape[0].vars()] == [2] and [v.val for v in unbound.shape[0].vars()] == [None]

@@ -12,10 +12,12 @@ the node kinds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
 from tgcore.shape.view import View, _canon, _plain_ints, _prod
+
+_MOVES_KEPT = 16
 
 
 def _view_expr(view: View, idxs: Sequence[Node]) -> Tuple[Node, Node]:
@@ -292,37 +294,59 @@ class ShapeTracker:
     def _replace_last(self, v: View) -> "ShapeTracker":
         return ShapeTracker(self.views[:-1] + (v,))
 
-    def reshape(self, new_shape: Sequence[sint]) -> "ShapeTracker":
-        new_shape = tuple(new_shape)
-        # remembered per tracker for plain int shapes: a program reshapes the same trackers the same way at every
-        # step (a sum of everything is four reshapes). Per object, not in a global table, because a bound Variable
-        # compares equal to the unbound one and must not be swapped for it.
-        cache = self.__dict__.get("_reshapes")
-        if cache is not None and (ret := cache.get(new_shape)) is not None:
+    # the movement ops are remembered per tracker (up to _MOVES_KEPT each) for plain int arguments: a program moves
+    # the same trackers the same way at every step (a sum of everything is four reshapes, a conv2d some 25 movement
+    # ops), and a remembered result is the tracker of the last step, whose own moves are remembered in turn. Per
+    # object, not in a global table, because a bound Variable compares equal to the unbound one and must not be
+    # swapped for it.
+    def _moved(self, key: Tuple[Any, ...], plain: bool, make: Callable[[], "ShapeTracker"]) -> "ShapeTracker":
+        cache = self.__dict__.get("_moves")
+        if cache is not None and (ret := cache.get(key)) is not None:
             return ret
-        nv = self.views[-1].reshape(new_shape)
-        ret = self._replace_last(nv) if nv is not None else ShapeTracker(self.views + (View.create(new_shape),))
-        if _plain_ints(new_shape):
+        ret = make()
+        if plain:
             if cache is None:
-                object.__setattr__(self, "_reshapes", cache := {})
-            if len(cache) < 16:
-                cache[new_shape] = ret
+                object.__setattr__(self, "_moves", cache := {})
+            if len(cache) < _MOVES_KEPT:
+                cache[key] = ret
         return ret
 
+    def reshape(self, new_shape: Sequence[sint]) -> "ShapeTracker":
+        new_shape = tuple(new_shape)
+        return self._moved(("reshape", new_shape), _plain_ints(new_shape), lambda: self._reshape(new_shape))
+
+    def _reshape(self, new_shape: Tuple[sint, ...]) -> "ShapeTracker":
+        nv = self.views[-1].reshape(new_shape)
+        return self._replace_last(nv) if nv is not None else ShapeTracker(self.views + (View.create(new_shape),))
+
     def permute(self, axis: Sequence[int]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].permute(tuple(axis)))
+        axis = tuple(axis)
+        return self._moved(("permute", axis), True, lambda: self._replace_last(self.views[-1].permute(axis)))
 
     def expand(self, new_shape: Sequence[sint]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].expand(tuple(new_shape)))
+        new_shape = tuple(new_shape)
+        make = lambda: self._replace_last(self.views[-1].expand(new_shape))  # noqa: E731
+        return self._moved(("expand", new_shape), _plain_ints(new_shape), make)
 
     def pad(self, arg: Sequence[Tuple[sint, sint]]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].pad(tuple(arg)))
+        arg = tuple(arg)
+        make = lambda: self._replace_last(self.views[-1].pad(arg))  # noqa: E731
+        return self._moved(("pad", arg), _plain_pairs(arg), make)
 
     def shrink(self, arg: Sequence[Tuple[sint, sint]]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].shrink(tuple(arg)))
+        arg = tuple(arg)
+        make = lambda: self._replace_last(self.views[-1].shrink(arg))  # noqa: E731
+        return self._moved(("shrink", arg), _plain_pairs(arg), make)
 
     def stride(self, mul: Sequence[int]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].stride(tuple(mul)))
+        mul = tuple(mul)
+        return self._moved(("stride", mul), True, lambda: self._replace_last(self.views[-1].stride(mul)))
 
     def flip(self, axes: Sequence[int]) -> "ShapeTracker":
-        return self._replace_last(self.views[-1].flip(tuple(axes)))
+        axes = tuple(axes)
+        return self._moved(("flip", axes), True, lambda: self._replace_last(self.views[-1].flip(axes)))
+
+
+def _plain_pairs(arg: Tuple[Tuple[sint, sint], ...]) -> bool:
+    """Every bound of a pad or shrink is a plain int."""
+    return all(type(b) is int and type(e) is int for b, e in arg)
