@@ -131,6 +131,19 @@ def test_heuristics_optimize_matmul_and_elementwise() -> None:
         assert get_kernel(Device["PYTHON"].renderer, si.ast).applied_opts == []
 
 
+VECTOR_CPU_DEVICES = [d for d in CPU_DEVICES if Device[d].renderer.vector_widths.get(dtypes.float32, 1) > 1]
+
+
+@pytest.mark.parametrize("device", VECTOR_CPU_DEVICES)
+def test_a_tile_stores_whole_vectors_where_the_output_is_contiguous(device: str) -> None:
+    # dz.T @ x: both inputs are contiguous along an output axis; the columns of 48 hold one vector of 16 (or two of 8)
+    # and the rows of 64 two of 16: the tile's vector axis is the output's contiguous one (stores of whole vectors)
+    k = check(device, lambda d, x: d.T @ x, data((32, 64)), data((32, 48)))
+    width = Device[device].renderer.vector_widths[dtypes.float32]
+    assert k.applied_opts[0].op is OptOps.UPCAST and k.applied_opts[0].axis == 1, k.applied_opts
+    assert k.applied_opts[0].amount in (width, 2 * width)
+
+
 def test_heuristics_are_deterministic() -> None:
     si = last_kernel("PYTHON", lambda a, b: a @ b, data((32, 64)), data((64, 16)))
     runs = [get_kernel(Device["PYTHON"].renderer, si.ast) for _ in range(2)]
