@@ -1921,26 +1921,33 @@ _WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32,
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     """Whether computing `src` in the kernel that writes `target` would read target at positions other than the one
-    being written (through a moved view, or a reduction): then a kernel could overwrite data it has yet to read."""
-    memo: dict[int, bool] = {}
+    being written (through a moved view, or a reduction): then a kernel could overwrite data it has yet to read.
+    What a reduce reads below another reduce is never in that kernel: the scheduler realizes a reduce that feeds a
+    reduce on its own (engine/schedule.py, _Graph._try_fuse_reduce), and every kernel that reads the old target runs
+    before the assign. So the walk stops there (a training step's update would otherwise walk the whole forward and
+    backward graph again for every parameter, and copy every weight: its forward matmul reads it transposed)."""
+    memo: dict[tuple[int, bool], bool] = {}
     hazard = False
 
-    def reads_target(n: LazyBuffer) -> bool:
+    def reads_target(n: LazyBuffer, under_reduce: bool) -> bool:
         nonlocal hazard
         if n is target:
             return True
-        if id(n) not in memo:
+        key = (id(n), under_reduce)
+        if key not in memo:
             b = n.base
             if b is target:
-                hazard, memo[id(n)] = True, True
+                hazard, memo[key] = True, True
+            elif b.realized is not None or (under_reduce and b.op in ReduceOps):
+                memo[key] = False
             else:
-                found = [reads_target(s) for s in b.srcs] if b.realized is None else []
-                memo[id(n)] = any(found)
-                if memo[id(n)] and (n is not b or b.op in ReduceOps):
+                below = under_reduce or b.op in ReduceOps
+                memo[key] = any([reads_target(s, below) for s in b.srcs])
+                if memo[key] and (n is not b or b.op in ReduceOps):
                     hazard = True
-        return memo[id(n)]
+        return memo[key]
 
-    reads_target(src)
+    reads_target(src, False)
     return hazard
 
 
