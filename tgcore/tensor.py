@@ -1919,6 +1919,9 @@ class _IndexPlan:
 _WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32, dtypes.float32: dtypes.float64}
 
 
+_REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum class runs Python code)
+
+
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     """Whether computing `src` in the kernel that writes `target` would read target at positions other than the one
     being written (through a moved view, or a reduction): then a kernel could overwrite data it has yet to read.
@@ -1938,12 +1941,12 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
             b = n.base
             if b is target:
                 hazard, memo[key] = True, True
-            elif b.realized is not None or (under_reduce and b.op in ReduceOps):
+            elif b.realized is not None or (under_reduce and b.op in _REDUCE_OPS):
                 memo[key] = False
             else:
-                below = under_reduce or b.op in ReduceOps
+                below = under_reduce or b.op in _REDUCE_OPS
                 memo[key] = any([reads_target(s, below) for s in b.srcs])
-                if memo[key] and (n is not b or b.op in ReduceOps):
+                if memo[key] and (n is not b or b.op in _REDUCE_OPS):
                     hazard = True
         return memo[key]
 
