@@ -306,6 +306,10 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     assert [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
     # and, in a Linear layer (x @ w.T + b), w's rows for one tile of columns, which are gathered once so
     check(device, lambda a, w: a @ w.T, data((8, 32)), data((32, 32)), opts=GATHERED)
+    for dtype in (dtypes.float64, dtypes.float16, dtypes.int32):  # blocks of other element types
+        check(device, lambda a, w: a @ w.T, data((8, 32), dtype), data((32, 32), dtype, seed=1), opts=GATHERED)
+        if dtype != dtypes.float16:  # (a half matmul accumulates in float: nothing to HOIST)
+            check(device, lambda a, b: a @ b, data((8, 32), dtype), data((32, 32), dtype, seed=1), opts=PACKED)
     k = check(device, lambda a, w, b: a @ w.T + b, data((32, 96)), data((64, 96)), data((64,)))
     assert Opt(OptOps.SWAP, 0, 1) in k.applied_opts and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
 
