@@ -45,7 +45,7 @@ def run(prg: LLVMProgram) -> np.ndarray:
 
 def test_a_program_called_again_reads_the_buffers_it_is_given():
     # (the argument arrays are kept by buffer address: a call on other buffers, then on the first ones again)
-    prg = LLVMProgram("LLVM", "kern", LLVMCompiler().compile(source(BinaryOps.SUB)))
+    prg = LLVMProgram("LLVM", "again", LLVMCompiler().compile(source(BinaryOps.SUB, "again")))
     out = Buffer("LLVM", N, dtypes.float32).allocate()
     a, b = (to_buffer("LLVM", x, dtypes.float32).allocate() for x in (A, B))
     for first, second, expected in ((a, b, A - B), (b, a, B - A), (a, b, A - B), (b, b, B - B)):
