@@ -6,8 +6,8 @@ symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per
 effects that nothing reads are dropped at the end. Where the Renderer declares `fused_mulacc`, a float SUM of
 products accumulates with MULACC; a STAGEd input is copied into shared memory (DEFINE_LOCAL) by the workgroup before
 the innermost reduce loop, between BARRIERs, and read from there; a PACKed input is copied by the thread into a
-scratch block (DEFINE_LOCAL, no BARRIER) at each step of the outer reduce loops of a HOISTed kernel, and read from
-there.
+scratch block (DEFINE_LOCAL, no BARRIER) at each step of the outermost loop (of a HOISTed kernel: of the outer reduce
+loops), and read from there.
 """
 
 from __future__ import annotations
@@ -373,10 +373,11 @@ class Linearizer:
             first = lane_combo[g * self.width]
             if first in stored:
                 continue
-            if isinstance(value, tuple) and store.arg.idx < 0 and self._vectorizable(store.arg.dtype):
-                if self._contiguous(store, g) is not None:  # gathered lanes into a block: one vector store
-                    value = self._vector(value)
-            if not isinstance(value, tuple) and (idx := self._contiguous(store, g)) is not None:
+            idx = self._contiguous(store, g)
+            block = store.arg.idx < 0  # a PACK's block: lanes gathered into it go in with one vector store
+            if idx is not None and block and isinstance(value, tuple) and self._vectorizable(store.arg.dtype):
+                value = self._vector(value)
+            if not isinstance(value, tuple) and idx is not None:
                 stored.add(first)
                 self.uop(UOps.STORE, None, (buf, self.node(idx), value), cse=False)
                 continue
