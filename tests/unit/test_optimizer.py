@@ -344,6 +344,15 @@ def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
     with pytest.raises(KernelOptError, match="again"):  # a row sum has no loop inside its rows' loop but the reduce
         row_sum = last_kernel("PYTHON", lambda a: a.sum(axis=1), data((8, 32)))
         Kernel(row_sum.ast, cpu_style_python_with_scratch()).apply_opt(Opt(OptOps.PACK, 0, 0))
+    # an in-place update reads its output: never packed
+    acc = Tensor(data((8, 32)), device="PYTHON").realize()
+    a, b = (Tensor(data(shape, seed=seed), device="PYTHON") for shape, seed in (((8, 32), 1), ((32, 32), 2)))
+    update = acc.assign(acc + a @ b)
+    k = Kernel(update.schedule()[-1].ast, cpu_style_python_with_scratch())
+    output_reads = [i for i, ld in enumerate(k.loads()) if ld.arg.idx == 0]
+    assert output_reads
+    with pytest.raises(KernelOptError, match="output"):
+        k.apply_opt(Opt(OptOps.PACK, output_reads[0], 0))
     # a column sum's inner loop reads every element once: nothing to pack
     sums = [Opt(OptOps.SPLIT, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.SPLIT, 1, 8), Opt(OptOps.HOIST, 1, 1)]
     si = last_kernel("PYTHON", lambda a: a.sum(axis=0), data((32, 8)))

@@ -444,6 +444,7 @@ class Kernel:
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
         _check(leaf not in self.packed, f"{opt}: that input is packed already")
+        _check(leaf.arg.idx != 0, f"{opt}: the kernel's output: a copy made early would miss the kernel's own writes")
         axes = self.pack_axes(leaf)
         _check(
             any(a < self.first_reduce and a not in axes for a in self.pack_loops()),
