@@ -304,6 +304,10 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
     assert [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
+    # a @ b.T: b's block is gathered into the pack, two vectors wide, and the tile's vectors run along the output
+    k = check(device, lambda a, b: a @ b.T, data((64, 512)), data((256, 512)))
+    width = Device[device].renderer.vector_widths[dtypes.float32]
+    assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, 2 * width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
     # and, in a Linear layer (x @ w.T + b), w's rows for one tile of columns, which are gathered once so
     check(device, lambda a, w: a @ w.T, data((8, 32)), data((32, 32)), opts=GATHERED)
     for dtype in (dtypes.float64, dtypes.float16, dtypes.int32):  # blocks of other element types
