@@ -535,6 +535,7 @@ def test_every_movement_op_is_remembered_per_tracker_for_plain_arguments() -> No
         (8, 6)
     ).shrink(((1, 7), (0, 6)))
     assert st.pad(((1, 1), (0, 0))) != st.pad(((2, 0), (0, 0)))  # other arguments, other trackers
+    assert st.pad([[1, 2], [0, 3]]) is st.pad(((1, 2), (0, 3)))  # bounds given as lists are the same key
     for _ in range(2):  # a bad move raises every time
         with pytest.raises(ValueError):
             st.shrink(((0, 7), (0, 4)))

@@ -329,12 +329,12 @@ class ShapeTracker:
         return self._moved(("expand", new_shape), _plain_ints(new_shape), make)
 
     def pad(self, arg: Sequence[Tuple[sint, sint]]) -> "ShapeTracker":
-        arg = tuple(arg)
+        arg = tuple(tuple(p) for p in arg)  # (lists of lists too: a key must hash)
         make = lambda: self._replace_last(self.views[-1].pad(arg))  # noqa: E731
         return self._moved(("pad", arg), _plain_pairs(arg), make)
 
     def shrink(self, arg: Sequence[Tuple[sint, sint]]) -> "ShapeTracker":
-        arg = tuple(arg)
+        arg = tuple(tuple(p) for p in arg)  # (lists of lists too: a key must hash)
         make = lambda: self._replace_last(self.views[-1].shrink(arg))  # noqa: E731
         return self._moved(("shrink", arg), _plain_pairs(arg), make)
 
@@ -347,6 +347,6 @@ class ShapeTracker:
         return self._moved(("flip", axes), True, lambda: self._replace_last(self.views[-1].flip(axes)))
 
 
-def _plain_pairs(arg: Tuple[Tuple[sint, sint], ...]) -> bool:
-    """Every bound of a pad or shrink is a plain int."""
-    return all(type(b) is int and type(e) is int for b, e in arg)
+def _plain_pairs(arg: Tuple[Tuple[sint, ...], ...]) -> bool:
+    """Every bound of a pad or shrink is a plain int (and each is a pair: the View checks and words anything else)."""
+    return all(len(p) == 2 and type(p[0]) is int and type(p[1]) is int for p in arg)
