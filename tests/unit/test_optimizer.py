@@ -323,12 +323,12 @@ def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
     k = Kernel(si.ast, cpu_style_python_with_scratch())
     k.apply_opts(HOISTED)
     for bad in (Opt(OptOps.PACK, 2, 0), Opt(OptOps.PACK, 0, 4)):  # no such input; an amount
-        with pytest.raises(KernelOptError):
+        with pytest.raises(KernelOptError, match="not an input"):
             k.apply_opt(bad)
     k.apply_opt(Opt(OptOps.PACK, 0, 0))
-    with pytest.raises(KernelOptError):  # packed already
+    with pytest.raises(KernelOptError, match="packed already"):
         k.apply_opt(Opt(OptOps.PACK, 0, 0))
-    with pytest.raises(KernelOptError):  # nothing but PACK after HOIST
+    with pytest.raises(KernelOptError, match="only PACK may follow"):
         k.apply_opt(Opt(OptOps.UPCAST, 0, 2))
     small = Kernel(si.ast, cpu_style_python_with_scratch(64 * 4 + 127 * 4))
     small.apply_opts([*HOISTED, Opt(OptOps.PACK, 0, 0)])
@@ -342,9 +342,10 @@ def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:
     from tgcore.engine.search import actions
 
     assert actions(k) == [Opt(OptOps.PACK, 0, 0), Opt(OptOps.PACK, 1, 0)] and actions(plain) == []
-    with pytest.raises(KernelOptError):  # nothing but PACK after PACK
-        unhoisted = Kernel(si.ast, cpu_style_python_with_scratch())
-        unhoisted.apply_opts([Opt(OptOps.PACK, 0, 0), Opt(OptOps.UPCAST, 0, 2)])
+    unhoisted = Kernel(si.ast, cpu_style_python_with_scratch())
+    unhoisted.apply_opt(Opt(OptOps.PACK, 0, 0))  # (without HOIST: a's block at each step of the outermost loop)
+    with pytest.raises(KernelOptError, match="only PACK may follow PACK"):
+        unhoisted.apply_opt(Opt(OptOps.UPCAST, 0, 2))
     with pytest.raises(KernelOptError, match="again"):  # a row sum has no loop inside its rows' loop but the reduce
         row_sum = last_kernel("PYTHON", lambda a: a.sum(axis=1), data((8, 32)))
         Kernel(row_sum.ast, cpu_style_python_with_scratch()).apply_opt(Opt(OptOps.PACK, 0, 0))

@@ -64,9 +64,9 @@ class Linearizer:
         # STAGE: each staged input's shared-memory tile and its (axis, stride) pairs; set while lowering the reduce
         self.stages: dict[LazyOp, tuple[UOp, list[tuple[int, int]]]] = {}
         self.staging = False
-        # PACK: each packed input's block, as a LOAD of a scratch buffer (a negative idx) over the kernel's axes
+        # PACK: each packed input's block, as a LOAD of a scratch buffer (a negative idx) whose MemBuffer's tracker
+        # spans the kernel's axes
         self.packs: dict[LazyOp, LazyOp] = {}
-        self.sts: dict[LazyOp, ShapeTracker] = dict(k.sts)
 
     # ***** emission *****
 
@@ -300,7 +300,7 @@ class Linearizer:
         validity) Nodes (validity None when always valid). Lanes of an axis the buffer does not vary along share."""
         if leaf in self.index_nodes_cache:
             return self.index_nodes_cache[leaf]
-        st = self.sts[leaf]
+        st = self.k.sts.get(leaf) or leaf.arg.st  # (a PACK's block is no leaf of the kernel: its tracker is its own)
         loop_idxs: list[Node] = [
             NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(self.k.first_upcast)
         ]
@@ -373,8 +373,8 @@ class Linearizer:
             first = lane_combo[g * self.width]
             if first in stored:
                 continue
-            idx = self._contiguous(store, g)
             block = store.arg.idx < 0  # a PACK's block: lanes gathered into it go in with one vector store
+            idx = self._contiguous(store, g) if block or not isinstance(value, tuple) else None
             if idx is not None and block and isinstance(value, tuple) and self._vectorizable(store.arg.dtype):
                 value = self._vector(value)
             if not isinstance(value, tuple) and idx is not None:
@@ -675,7 +675,7 @@ class Linearizer:
             shape = tuple(s if a in strides else 1 for a, s in enumerate(k.full_shape))
             st = ShapeTracker((View.create(shape, tuple(strides.get(a, 0) for a in range(k.shape_len))),))
             block = LazyOp(BufferOps.LOAD, (), MemBuffer(-1 - n, leaf.arg.dtype, st))
-            self.buffers[-1 - n], self.sts[block] = buf, st
+            self.buffers[-1 - n] = buf
             loops = self._open_loops([a for a in axes if a < k.first_reduce], False)
             loops += self._open_loops([a for a in axes if k.first_reduce <= a < k.first_upcast], True)
             self._store(block, [self._lower_group(leaf, g) for g in range(self.n_groups)])
