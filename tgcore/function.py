@@ -458,3 +458,25 @@ class Flip(Function):
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return grad_output.stride(self.arg)
+
+
+class Stride(Function):
+    """Every k-th element along each axis (k >= 1, from the first): a view of the same memory."""
+
+    def forward(self, x: LazyBuffer, arg: tuple[int, ...]) -> LazyBuffer:
+        self.input_shape, self.arg = x.shape, arg
+        return x.stride(arg)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        # each gradient element back at its position, zeros between: (n, 1) padded to (n, k), flattened, trimmed
+        g = grad_output
+        for axis, (k, size) in enumerate(zip(self.arg, self.input_shape)):
+            if k == 1:
+                continue
+            n = g.shape[axis]
+            shape = g.shape
+            g = g.reshape(shape[:axis] + (n, 1) + shape[axis + 1 :])
+            g = g.pad(tuple((0, k - 1) if a == axis + 1 else (0, 0) for a in range(len(shape) + 1)))
+            g = g.reshape(shape[:axis] + (n * k,) + shape[axis + 1 :])
+            g = g.shrink(tuple((0, size) if a == axis else (0, s) for a, s in enumerate(g.shape)))
+        return g

@@ -128,6 +128,7 @@ class LazyBuffer:
             return base.reshape((1,) * len(shape)).expand(shape)
         view = LazyBuffer(self.device, st, self.dtype, base=base)
         if key is not None:
+            base.shared = True  # read by every graph that asks for this constant: never written through a view
             if len(_CONSTS) >= _CONSTS_SIZE:
                 _CONSTS.pop(next(iter(_CONSTS)))
             _CONSTS[key] = view
@@ -246,10 +247,24 @@ class LazyBuffer:
         return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
 
     def assign(self, x: LazyBuffer) -> LazyBuffer:
-        """Write `x` into this buffer's memory."""
-        if self.base is not self or not self.st.contiguous:
-            raise ValueError("assign needs a contiguous base buffer as its target")
-        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.ASSIGN, None, (x, self))
+        """Write `x` into this buffer's memory: a base, or the elements of its base that this view reads (each at
+        most once: see writes_through). The ASSIGN's arg is the view's tracker, None for a base."""
+        if x.shape != self.shape:
+            raise ValueError(f"assign needs a value of the target's shape {self.shape}, got {x.shape}")
+        if self._base is not None and not self.writes_through():
+            raise ValueError("assign into a view needs one that reads each element of its base once, without padding")
+        arg = None if self._base is None else self.st
+        return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.ASSIGN, arg, (x, self))
+
+    def writes_through(self) -> bool:
+        """Whether a write into this view lands in its base: no padding (a pad makes a new tensor, as in numpy), no
+        element read twice (an expand), and a base that belongs to no one else (a constant the engine shares between
+        graphs does)."""
+        base = self.base
+        if base is self or base.__dict__.get("shared", False):
+            return base is self
+        return all(v.mask is None and not any(st == 0 and sz != 1 for st, sz in zip(v.strides, v.shape))
+                   for v in self.st.views)
 
     def _new(self, op: Op, arg: Any, srcs: tuple[LazyBuffer, ...]) -> LazyBuffer:
         return LazyBuffer(self.device, ShapeTracker.from_shape(self.shape), self.dtype, op, arg, srcs)

@@ -276,7 +276,13 @@ class Tensor:
         return self
 
     def assign(self, x: Any) -> Tensor:
-        """Write `x` into this tensor's memory (shapes, dtypes and devices must match)."""
+        """Write `x` into this tensor's memory (shapes, dtypes and devices must match).
+
+        A tensor that is a view of another one's memory (a reshape, permute, shrink, flip or slice of it) writes
+        through into that memory at once, as in numpy and torch: the other tensor, and every view of it, see the new
+        values (a base not computed yet is computed first). A pad or an expand is not a view of memory (numpy and
+        torch make a new array): its tensor alone takes the new value. Assigning into a tensor of its own memory
+        that is computed is lazy: the write happens when it is realized."""
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
@@ -289,13 +295,20 @@ class Tensor:
         if isinstance(self.lazydata, MultiLazyBuffer):
             self.lazydata = self.lazydata.assign(x.lazydata) if self.lazydata.realized else x.lazydata
             return self
-        if self.lazydata.base.realized is None or self.lazydata.base is not self.lazydata:
+        lb = self.lazydata
+        if lb._base is not None:
+            if lb.writes_through():
+                _write_through(lb, x.lazydata)
+            else:
+                self.lazydata = x.lazydata
+            return self
+        if lb.realized is None:
             self.lazydata = x.lazydata
             return self
         src = x.lazydata
-        if _assign_hazard(src, self.lazydata):  # computed apart first, so no kernel reads what it overwrites
+        if _assign_hazard(src, lb):  # computed apart first, so no kernel reads what it overwrites
             src = src.contiguous()
-        self.lazydata = self.lazydata.assign(src)
+        self.lazydata = lb.assign(src)
         return self
 
     def replace(self, x: Tensor) -> Tensor:
@@ -326,8 +339,16 @@ class Tensor:
     @staticmethod
     def full(shape: Union[sint, tuple[sint, ...]], fill_value: ConstType, **kwargs: Any) -> Tensor:
         shape = _shape((shape,) if isinstance(shape, int) else tuple(shape))
-        dtype = kwargs.pop("dtype", None) or dtypes.from_py(fill_value)
-        return Tensor(fill_value, dtype=dtype, **kwargs).reshape((1,) * len(shape)).expand(shape)
+        dtype = to_dtype(kwargs.pop("dtype", None) or dtypes.from_py(fill_value))
+        if isinstance(fill_value, np.generic):
+            fill_value = fill_value.item()
+        if not isinstance(fill_value, (bool, int, float)):
+            raise TypeError(f"full needs a number to fill with, got {type(fill_value).__name__}")
+        if isinstance(kwargs.get("device"), (tuple, list)):  # replicated on several devices
+            return Tensor(fill_value, dtype=dtype, **kwargs).reshape((1,) * len(shape)).expand(shape)
+        # a constant of the whole shape, not a broadcast of one element: a tensor of its own memory (computed if it is
+        # ever written into), so a view of it writes through as any other tensor's does
+        return Tensor._loadop(LoadOps.CONST, shape, dtype=dtype, arg=dtypes.as_const(fill_value, dtype), **kwargs)
 
     @staticmethod
     def zeros(*shape: Any, **kwargs: Any) -> Tensor:
@@ -764,11 +785,8 @@ class Tensor:
         x = self.shrink(tuple(plan.shrink)) if plan.shrink else self
         if any(plan.flips):
             x = x.flip(tuple(d for d, f in enumerate(plan.flips) if f))
-        if any(k != 1 for k in plan.strides):
-            # take every k-th element: pad to a multiple of k, split the axis, keep index 0
-            x = x.pad(tuple((0, (-int(s)) % k) for s, k in zip(x.shape, plan.strides)))
-            split = flatten([(s // k, k) for s, k in zip(x.shape, plan.strides)])
-            x = x.reshape(tuple(split)).shrink(tuple(flatten([((0, split[2 * d]), (0, 1)) for d in range(x.ndim)])))
+        if any(k != 1 for k in plan.strides):  # every k-th element: a view of the same memory, as numpy's
+            x = F.Stride.apply(x, arg=tuple(plan.strides))
         return x.reshape(tuple(plan.out_shape))
 
     def _unindex(self, plan: _IndexPlan, v: Tensor) -> Tensor:
@@ -822,11 +840,20 @@ class Tensor:
         if _broadcast_shape(val.shape, out_shape) != out_shape:
             raise ValueError(f"cannot assign a value of shape {val.shape} to an index of shape {out_shape}")
         val = val.cast(self.dtype)._broadcast_to(out_shape)
-        if not val.lazydata.is_unrealized_const():  # computed apart, so a value read from this buffer stays intact
-            val = (val.contiguous() if val.lazydata.base is self.lazydata.base else val).realize()
+        lb = self.lazydata
+        if isinstance(lb, LazyBuffer) and lb.writes_through():
+            # in place, in this tensor's memory (its base's, for a view): every view of that memory sees the write
+            target = self._basic_index(plan).lazydata
+            if target.writes_through() and target.base is lb.base:
+                _write_through(target, val.lazydata)
+                return
+            mask = self._unindex(plan, Tensor.ones(out_shape, dtype=dtypes.bool, device=self.device))
+            _write_through(lb, mask.where(self._unindex(plan, val), self).lazydata)
+            return
+        # a pad or expand of another tensor (or a sharded tensor): no memory of its own to write into
         mask = self._unindex(plan, Tensor.ones(out_shape, dtype=dtypes.bool, device=self.device))
         new = mask.where(self._unindex(plan, val), self).detach()
-        if self.lazydata.base.realized is not None and self.lazydata.base is self.lazydata:
+        if isinstance(lb, MultiLazyBuffer) and lb.realized:
             self.assign(new).realize()
         else:
             self.lazydata = new.lazydata
@@ -1922,6 +1949,17 @@ _WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32,
 _REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum class runs Python code)
 
 
+def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
+    """Write `value` into the memory `target` (a base, or a view that writes_through) reads, now: the target's base is
+    computed first if it is not yet, so every tensor that reads that base sees the write."""
+    base = target.base
+    if base.realized is None:
+        run_schedule(*create_schedule_with_vars([base]))
+    if _assign_hazard(value, target):  # computed apart first, so the kernel reads nothing it overwrites
+        value = value.contiguous()
+    run_schedule(*create_schedule_with_vars([target.assign(value)]))
+
+
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     """Whether computing `src` in the kernel that writes `target` would read target at positions other than the one
     being written (through a moved view, or a reduction): then a kernel could overwrite data it has yet to read.
@@ -1939,7 +1977,7 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
         key = (id(n), under_reduce)
         if key not in memo:
             b = n.base
-            if b is target:
+            if b is target.base:  # the target's memory read through another view
                 hazard, memo[key] = True, True
             elif b.realized is not None or (under_reduce and b.op in _REDUCE_OPS):
                 memo[key] = False

@@ -214,7 +214,10 @@ class _KernelBuilder:
         if fused and fused[0].shape != b.shape:
             out_st = out_st.reshape(fused[0].shape)
         value = self._read(b, out_st)
-        ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, b.dtype, out_st))
+        store_st = out_st
+        if b.op is LoadOps.ASSIGN and b.arg is not None:  # into a view: each element lands where the view reads it
+            store_st = self._unbind(b.arg if out_st.shape == b.shape else b.arg.reshape(out_st.shape))
+        ast = LazyOp(BufferOps.STORE, (value,), MemBuffer(0, b.dtype, store_st))
         return ScheduleItem(ast, (b,), tuple(self.inputs), self.var_vals)
 
 
