@@ -16,6 +16,7 @@ from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from tgcore.engine.realize import run_schedule
 from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
+from tgcore.errors import AxisError, ShapeError
 from tgcore.function import Function
 from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
@@ -286,7 +287,7 @@ class Tensor:
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(
+            raise ShapeError(
                 f"assign needs the same shape, dtype and device: target {self.shape} {self.dtype} "
                 f"{self.device}, value {x.shape} {x.dtype} {x.device}"
             )
@@ -314,7 +315,7 @@ class Tensor:
     def replace(self, x: Tensor) -> Tensor:
         """Make this tensor hold `x`'s data (same shape)."""
         if x.shape != self.shape:
-            raise ValueError(f"replace needs the same shape, got {x.shape} for {self.shape}")
+            raise ShapeError(f"replace needs the same shape, got {x.shape} for {self.shape}")
         self.lazydata = x.lazydata
         return self
 
@@ -430,8 +431,9 @@ class Tensor:
     ) -> Tensor:
         """Uniform in [0, 1): every value is a multiple of 2**-m, m the dtype's mantissa bits (+1)."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if not dtypes.is_float(dt):
-            raise ValueError(f"rand makes floats, got dtype {dt}; use Tensor.randint for integers")
+        if not dtypes.is_float(dt):  # drawn as float32 and cast, as tinygrad 0.9.0 does (an int is 0, a bool True)
+            out = Tensor.rand(*shape, device=device, dtype=dtypes.float32).cast(dt)
+            return Tensor._random_leaf(out, out.device, requires_grad)
         s, dev = _shape(shape), Device.canonicalize(device)
         if not all_int(s):
             raise ValueError(f"rand needs a concrete shape, got {s}")
@@ -447,12 +449,12 @@ class Tensor:
     def randn(*shape: Any, dtype: Optional[Union[DType, str]] = None, **kwargs: Any) -> Tensor:
         """Standard normal (Box-Muller on two uniform draws)."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if not dtypes.is_float(dt):
-            raise ValueError(f"randn makes floats, got dtype {dt}")
         requires_grad = kwargs.pop("requires_grad", None)
         s = _shape(shape)
         u = Tensor.rand(2, *s, dtype=dtypes.float64 if dt == dtypes.float64 else dtypes.float32, **kwargs)
-        z = (u[0] * (2 * math.pi)).cos() * ((1 - u[1]).log() * -2).sqrt()
+        # cos and log from + - * / and bit operations only (every device rounds those the same), so a seed draws
+        # the same bits on every device: the device's own SIN and LOG2 may differ in the last bit
+        z = _cos_2pi(u[0]) * (_log_positive(1 - u[1]) * -2).sqrt()
         return Tensor._random_leaf(z.cast(dt), u.device, requires_grad)
 
     @staticmethod
@@ -474,10 +476,12 @@ class Tensor:
             raise TypeError(f"randint got unexpected arguments {sorted(kwargs)}")
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (low, high)):
             raise TypeError(f"randint needs integer bounds, got low={low!r} high={high!r}")
-        if not dtypes.is_int(dt):
-            raise ValueError(f"randint makes integers, got dtype {dt}; use Tensor.uniform for floats")
         if high <= low or high - low > 2**32:
             raise ValueError(f"randint needs low < high and high - low <= 2**32, got low={low} high={high}")
+        if not dtypes.is_int(dt):  # drawn as integers and cast, as tinygrad 0.9.0 does
+            wide = dtypes.int32 if -(2**31) <= low and high - 1 < 2**31 else dtypes.int64
+            out = Tensor.randint(*shape, low=low, high=high, dtype=wide, device=dev).cast(dt)
+            return Tensor._random_leaf(out, dev, requires_grad)
         if low < dtypes.min(dt) or high - 1 > dtypes.max(dt):
             raise ValueError(f"randint range [{low}, {high}) does not fit in {dt}")
         s = _shape(shape)
@@ -573,10 +577,10 @@ class Tensor:
         """Accumulate d(self)/d(x) into x.grad for every x that requires grad."""
         if gradient is None:
             if self.shape != ():
-                raise ValueError(f"backward without a gradient needs a scalar, got shape {self.shape}")
+                raise ShapeError(f"backward without a gradient needs a scalar, got shape {self.shape}")
             gradient = Tensor(1.0, dtype=self.dtype, device=self.device, requires_grad=False)
         if gradient.shape != self.shape:
-            raise ValueError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
+            raise ShapeError(f"gradient shape {gradient.shape} does not match tensor shape {self.shape}")
         self.grad = gradient
         for t0 in reversed(self._deepwalk()):
             if t0.grad is None or t0._ctx is None:
@@ -602,10 +606,14 @@ class Tensor:
         if all(type(s) is int and s >= 0 for s in new_shape) and all(type(s) is int for s in self.shape):
             # plain sizes on both sides (the common call): nothing to infer, the sizes multiply out directly
             if prod(new_shape) != prod(self.shape):
-                raise ValueError(
+                raise ShapeError(
                     f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {new_shape}"
                 )
             return F.Reshape.apply(self, shape=tuple(new_shape)) if tuple(new_shape) != self.shape else self
+        for s in new_shape:
+            if (s is not None and not isinstance(s, (int, np.integer, Node))) or isinstance(s, (bool, np.bool_)):
+                raise TypeError(f"reshape sizes must be ints (or -1, None, a Variable), got {new_shape!r}")
+        new_shape = tuple(int(s) if isinstance(s, np.integer) else s for s in new_shape)
         if sum(1 for s in new_shape if s == -1) > 1:
             raise ValueError(f"reshape can infer only one dimension, got {new_shape}")
         if any(s is not None and not isinstance(s, Node) and s < -1 for s in new_shape):
@@ -623,7 +631,7 @@ class Tensor:
             else:
                 resolved.append(s)
         if _bound_size(resolved) != _bound_size(self.shape):  # symbolic sizes compare at their bound values
-            raise ValueError(f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {new_shape}")
+            raise ShapeError(f"cannot reshape a tensor of shape {self.shape} ({self.numel()} elements) to {new_shape}")
         return F.Reshape.apply(self, shape=tuple(resolved)) if tuple(resolved) != self.shape else self
 
     def view(self, *shape: Any) -> Tensor:
@@ -632,38 +640,38 @@ class Tensor:
     def expand(self, shape: Any, *args: Any) -> Tensor:
         new_shape = argfix(shape, *args)
         if len(new_shape) < self.ndim:
-            raise ValueError(f"cannot expand shape {self.shape} to fewer dimensions {new_shape}")
+            raise ShapeError(f"cannot expand shape {self.shape} to fewer dimensions {new_shape}")
         x = self.reshape((1,) * (len(new_shape) - self.ndim) + self.shape) if len(new_shape) > self.ndim else self
         target = tuple(xs if s == -1 else s for xs, s in zip(x.shape, new_shape))
         for xs, s in zip(x.shape, target):
             if xs != s and xs != 1:
-                raise ValueError(f"cannot expand shape {self.shape} to {new_shape}: only axes of size 1 can grow")
+                raise ShapeError(f"cannot expand shape {self.shape} to {new_shape}: only axes of size 1 can grow")
         return F.Expand.apply(x, shape=target) if target != x.shape else x
 
     def permute(self, order: Any, *args: Any) -> Tensor:
         order_t = tuple(self._resolve_dim(d) for d in argfix(order, *args))
         if sorted(order_t) != list(range(self.ndim)):
-            raise ValueError(f"permute needs a permutation of the {self.ndim} axes, got {order_t}")
+            raise AxisError(f"permute needs a permutation of the {self.ndim} axes, got {order_t}")
         return F.Permute.apply(self, order=order_t)
 
     def flip(self, axis: Any, *args: Any) -> Tensor:
         axes = tuple(self._resolve_dim(a) for a in argfix(axis, *args))
         if len(set(axes)) != len(axes):
-            raise ValueError(f"flip got a repeated axis in {axes}")
+            raise AxisError(f"flip got a repeated axis in {axes}")
         return F.Flip.apply(self, axis=axes)
 
     def shrink(self, arg: tuple[Optional[tuple[sint, sint]], ...]) -> Tensor:
         if len(arg) != self.ndim:
-            raise ValueError(f"shrink needs one (begin, end) per axis ({self.ndim}), got {arg}")
+            raise ShapeError(f"shrink needs one (begin, end) per axis ({self.ndim}), got {arg}")
         full = tuple(x if x is not None else (0, s) for x, s in zip(arg, self.shape))
         for (b, e), s in zip(full, self.shape):
             if not (0 <= b <= e <= s):
-                raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+                raise ShapeError(f"shrink {arg} is out of bounds for shape {self.shape}")
         return F.Shrink.apply(self, arg=full) if any(x != (0, s) for x, s in zip(full, self.shape)) else self
 
     def pad(self, arg: Sequence[Optional[tuple[int, int]]], value: float = 0.0) -> Tensor:
         if len(arg) != self.ndim:
-            raise ValueError(f"pad needs one (before, after) per axis ({self.ndim}), got {arg}")
+            raise ShapeError(f"pad needs one (before, after) per axis ({self.ndim}), got {arg}")
         full = tuple(x if x is not None else (0, 0) for x in arg)
         if all(p == (0, 0) for p in full):
             return self
@@ -679,7 +687,7 @@ class Tensor:
     def _resolve_dim(self, dim: int, outer: bool = False) -> int:
         n = self.ndim + int(outer)
         if not -max(1, n) <= dim < max(1, n):
-            raise IndexError(f"dimension {dim} is out of range for a tensor of {self.ndim} dimensions")
+            raise AxisError(f"dimension {dim} is out of range for a tensor of {self.ndim} dimensions")
         return dim + n if dim < 0 else dim
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
@@ -838,7 +846,7 @@ class Tensor:
             raise ValueError(f"setitem value is on {val.device}, the tensor on {self.device}")
         out_shape = tuple(plan.out_shape)
         if _broadcast_shape(val.shape, out_shape) != out_shape:
-            raise ValueError(f"cannot assign a value of shape {val.shape} to an index of shape {out_shape}")
+            raise ShapeError(f"cannot assign a value of shape {val.shape} to an index of shape {out_shape}")
         val = val.cast(self.dtype)._broadcast_to(out_shape)
         lb = self.lazydata
         if isinstance(lb, LazyBuffer) and lb.writes_through():
@@ -863,7 +871,7 @@ class Tensor:
         tensors = [self, *args]
         for t in args:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
-                raise ValueError(f"cat needs equal shapes except on axis {d}, got {[x.shape for x in tensors]}")
+                raise ShapeError(f"cat needs equal shapes except on axis {d}, got {[x.shape for x in tensors]}")
         offsets = [0]
         for t in tensors:
             offsets.append(offsets[-1] + t.shape[d])
@@ -881,7 +889,7 @@ class Tensor:
         """Join tensors of one shape along a new axis: `a.stack(b)`, `Tensor.stack(a, b)` or `Tensor.stack([a, b])`."""
         tensors: list[Tensor] = [*self, *args] if isinstance(self, (list, tuple)) else [self, *args]  # type: ignore[list-item]
         if not tensors:
-            raise ValueError("stack needs at least one tensor")
+            raise ShapeError("stack needs at least one tensor")
         first, *rest = [t.unsqueeze(dim) for t in tensors]
         return first.cat(*rest, dim=dim)
 
@@ -889,7 +897,7 @@ class Tensor:
         """Tile the tensor `repeats[i]` times along axis i (numpy's tile; new leading axes when repeats is longer)."""
         repeats = argfix(repeats, *args)
         if len(repeats) < self.ndim or any(not isinstance(r, int) or r < 0 for r in repeats):
-            raise ValueError(f"repeat needs one count >= 0 per axis (at least {self.ndim}), got {repeats}")
+            raise ShapeError(f"repeat needs one count >= 0 per axis (at least {self.ndim}), got {repeats}")
         base = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
         new_shape = [x for r, s in zip(repeats, base.shape) for x in (1, s)]
         expanded = [x for r, s in zip(repeats, base.shape) for x in (r, s)]
@@ -905,7 +913,7 @@ class Tensor:
             sizes = [min(sizes, n - i) for i in range(0, max(int(n), 1), sizes)]
         sizes = list(sizes)
         if any(not isinstance(x, int) or x < 0 for x in sizes) or sum(sizes) != n:
-            raise ValueError(f"split sizes {sizes} must be >= 0 and add up to {n}, the size of axis {d}")
+            raise ShapeError(f"split sizes {sizes} must be >= 0 and add up to {n}, the size of axis {d}")
         offsets = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
         return tuple(
             self.shrink(tuple((offsets[k], offsets[k + 1]) if a == d else None for a in range(self.ndim)))
@@ -922,7 +930,7 @@ class Tensor:
     def pad2d(self, padding: Sequence[int], value: float = 0.0) -> Tensor:
         """Pad (or trim, where negative) the last axes: (left, right, top, bottom, ...) like torch's F.pad."""
         if len(padding) % 2 or len(padding) > 2 * self.ndim:
-            raise ValueError(f"pad2d needs pairs of (before, after) for at most {self.ndim} axes, got {padding}")
+            raise ShapeError(f"pad2d needs pairs of (before, after) for at most {self.ndim} axes, got {padding}")
         pairs: list[Optional[tuple[int, int]]] = [(padding[k], padding[k + 1]) for k in range(0, len(padding), 2)]
         return self.pad(tuple([None] * (self.ndim - len(pairs)) + pairs[::-1]), value)
 
@@ -932,7 +940,7 @@ class Tensor:
         if not isinstance(index, Tensor) or not dtypes.is_int(index.dtype):
             raise TypeError(f"gather needs an integer index Tensor, got {getattr(index, 'dtype', type(index))}")
         if index.ndim != self.ndim or any(i > s for a, (i, s) in enumerate(zip(index.shape, self.shape)) if a != d):
-            raise ValueError(f"gather index of shape {index.shape} does not fit tensor of shape {self.shape} on {d}")
+            raise ShapeError(f"gather index of shape {index.shape} does not fit tensor of shape {self.shape} on {d}")
         n = self.shape[d]
         x = self.shrink(tuple(None if a == d else (0, i) for a, i in enumerate(index.shape)))
         x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
@@ -949,8 +957,7 @@ class Tensor:
     def _reduce(
         self, fxn: type[Function], axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False
     ) -> Tensor:
-        axes = tuple(range(self.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
-        axes = tuple(self._resolve_dim(a) for a in axes)
+        axes = self._reduce_axes(axis)
         if self.ndim == 0:
             return self
         ret = fxn.apply(self, axis=axes)
@@ -959,6 +966,21 @@ class Tensor:
         # the reduced axes (size 1 in ret) dropped: the same elements, so no check of the shape is needed
         shape = tuple(s for i, s in enumerate(self.shape) if i not in axes)
         return F.Reshape.apply(ret, shape=shape) if shape != ret.shape else ret
+
+    def _reduce_axes(self, axis: Optional[Union[int, Sequence[int]]]) -> tuple[int, ...]:
+        """The axes a reduction over `axis` (None: every axis) covers, resolved; a repeated axis raises, as numpy's."""
+        if axis is None:
+            return tuple(range(self.ndim))
+        named = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+        for a in named:
+            if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
+                raise TypeError(f"an axis must be an int, got {type(a).__name__} in axis={axis!r}")
+        axes = tuple(self._resolve_dim(int(a)) for a in named)
+        if self.ndim == 0:  # axis 0 or -1 of a 0-d tensor is the tensor itself (tinygrad's and torch's rule)
+            return ()
+        if len(set(axes)) != len(axes):
+            raise AxisError(f"axis {axis!r} names an axis twice (shape {self.shape})")
+        return axes
 
     def sum(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, acc_dtype: Optional[DType] = None
@@ -971,8 +993,7 @@ class Tensor:
     def max(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
         """The largest element over `axis` (all axes by default); NaN wins. An axis of size 0 has no largest element:
         ValueError, as numpy raises (sum and mean of nothing are 0 and NaN, as there)."""
-        axes = range(self.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
-        if any(self.shape[self._resolve_dim(a)] == 0 for a in axes):
+        if any(self.shape[a] == 0 for a in self._reduce_axes(axis)):
             raise ValueError(f"max over an axis of size 0 (shape {self.shape}, axis {axis}): it has no largest element")
         return self._reduce(F.Max, axis, keepdim)
 
@@ -982,10 +1003,12 @@ class Tensor:
         return -((-self).max(axis=axis, keepdim=keepdim))
 
     def mean(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
-        out = self.sum(axis=axis, keepdim=keepdim)
+        # float16 and bfloat16 are summed and divided in float32 (as numpy's mean): their sum may not fit their range
+        is_float = dtypes.is_float(self.dtype)
+        out = self.sum(axis=axis, keepdim=keepdim, acc_dtype=sum_acc_dtype(self.dtype) if is_float else None)
         count = prod(self.shape) // prod(out.shape) if prod(out.shape) else 0
-        output_dtype = self.dtype if dtypes.is_float(self.dtype) else dtypes.float32
-        return out.cast(output_dtype).div(count).cast(output_dtype)
+        output_dtype = self.dtype if is_float else dtypes.float32
+        return out.cast(least_upper_dtype(out.dtype, dtypes.float32)).div(count).cast(output_dtype)
 
     def var(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1
@@ -1024,6 +1047,8 @@ class Tensor:
         if axis is None:
             return self.flatten().argmax(0)
         ax = self._resolve_dim(axis)
+        if self.ndim == 0:  # the one element is the largest (tinygrad's and torch's answer)
+            return Tensor(0, dtype=dtypes.int32, device=self.device)
         n = self.shape[ax]
         is_max = (self == self.max(axis=ax, keepdim=True)) | (self != self)  # NaN is the max, as in numpy
         idx = Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(
@@ -1068,9 +1093,9 @@ class Tensor:
         """Matrix product with numpy's rules for 1-d and batched operands."""
         n1, n2 = self.ndim, w.ndim
         if n1 == 0 or n2 == 0:
-            raise ValueError(f"dot needs tensors of at least 1 dimension, got {self.shape} and {w.shape}")
+            raise ShapeError(f"dot needs tensors of at least 1 dimension, got {self.shape} and {w.shape}")
         if self.shape[-1] != w.shape[-min(n2, 2)]:
-            raise ValueError(
+            raise ShapeError(
                 f"dot: shapes {self.shape} and {w.shape} do not align ({self.shape[-1]} != {w.shape[-min(n2, 2)]})"
             )
         x = self.reshape(*self.shape[:-1], *[1] * min(n1 - 1, n2 - 1, 1), self.shape[-1])
@@ -1118,10 +1143,10 @@ class Tensor:
         sizes: dict[str, sint] = {}
         for t, x in zip(terms, xs):
             if not t.isalpha() or len(t) != x.ndim:
-                raise ValueError(f"einsum term {t!r} does not fit a tensor of shape {x.shape}")
+                raise ShapeError(f"einsum term {t!r} does not fit a tensor of shape {x.shape}")
             for c, n in zip(t, x.shape):
                 if sizes.get(c, n) != n and n != 1 and not (c in ell and sizes[c] == 1):
-                    raise ValueError(f"einsum: index {c!r} has sizes {sizes[c]} and {n} in {formula!r}")
+                    raise ShapeError(f"einsum: index {c!r} has sizes {sizes[c]} and {n} in {formula!r}")
                 sizes[c] = n if sizes.get(c, 1) == 1 else sizes[c]
         if len(set(out)) != len(out) or any(c not in sizes for c in out):
             raise ValueError(f"einsum output {rhs!r} must name distinct indices of the inputs")
@@ -1172,7 +1197,7 @@ class Tensor:
         """Windows over the last len(kernel) axes: (..., *spatial) -> (..., *positions, *kernel)."""
         nk = len(kernel)
         if self.ndim < nk:
-            raise ValueError(f"a {nk}-d window needs a tensor of at least {nk} dimensions, got shape {self.shape}")
+            raise ShapeError(f"a {nk}-d window needs a tensor of at least {nk} dimensions, got shape {self.shape}")
         strides, dilations = make_pair(stride, nk), make_pair(dilation, nk)
         if len(strides) != nk or len(dilations) != nk:
             raise ValueError(f"stride {stride} and dilation {dilation} must be ints or {nk}-tuples")
@@ -1204,7 +1229,7 @@ class Tensor:
         padding: an int, one per spatial axis, or (left, right, top, bottom, ...) pairs from the last axis back."""
         nd = weight.ndim - 2
         if nd < 1 or self.ndim != weight.ndim:
-            raise ValueError(
+            raise ShapeError(
                 f"conv2d needs input (N, C, *spatial) and weight (Cout, C/groups, *kernel) of the same rank, "
                 f"got {self.shape} and {weight.shape}"
             )
@@ -1231,7 +1256,7 @@ class Tensor:
         (bs, cin_all), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
         nd = len(kernel)
         if groups < 1 or groups * cin != cin_all or cout % groups:
-            raise ValueError(
+            raise ShapeError(
                 f"conv2d: input channels {cin_all} must equal groups ({groups}) x weight channels ({cin}), and "
                 f"output channels {cout} must divide by groups"
             )
@@ -1263,7 +1288,7 @@ class Tensor:
         nd = len(kernel)
         cin, rcout = weight.shape[:2]
         if self.ndim != weight.ndim or self.shape[1] != cin or groups < 1 or cin % groups:
-            raise ValueError(
+            raise ShapeError(
                 f"conv_transpose2d: input {self.shape} and weight {weight.shape} with groups={groups} "
                 "do not fit: weight is (Cin, Cout/groups, *kernel)"
             )
@@ -1907,6 +1932,47 @@ _RAND_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes
 _THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
 
+def _horner(x: Tensor, coefficients: list[float]) -> Tensor:
+    """coefficients[0] + coefficients[1] * x + ..., in Horner's order."""
+    out = x * coefficients[-1] + coefficients[-2]
+    for c in reversed(coefficients[:-2]):
+        out = out * x + c
+    return out
+
+
+def _log_positive(v: Tensor) -> Tensor:
+    """log(v) of a normal positive float32 or float64 v, from + - * / and bit operations alone: v = m * 2**e with m in
+    [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s), s = (m - 1) / (m + 1) in [-0.172, 0.172] (a few ulp from the exact
+    value)."""
+    wide = v.dtype == dtypes.float64
+    ints, mantissa, bias = (dtypes.int64, 52, 1023) if wide else (dtypes.int32, 23, 127)
+    bits = v.bitcast(ints)
+    e = (bits >> mantissa) - bias
+    m = ((bits & ((1 << mantissa) - 1)) | (bias << mantissa)).bitcast(v.dtype)  # in [1, 2)
+    big = m > math.sqrt(2)
+    m, e = big.where(m * 0.5, m), e + big.cast(ints)
+    s = (m - 1) / (m + 1)
+    series = _horner(s * s, [2 / (2 * k + 1) for k in range(11 if wide else 6)])  # 2 atanh(s) / s
+    return e.cast(v.dtype) * math.log(2) + s * series
+
+
+def _cos_2pi(u: Tensor) -> Tensor:
+    """cos(2 pi u) for u in [0, 1), from + - * and comparisons alone: reduced exactly (u is a multiple of 2**-32 or
+    coarser) to c in [0, 1/8], then a Taylor polynomial of cos(2 pi c) or sin(2 pi c)."""
+    terms = 11 if u.dtype == dtypes.float64 else 7
+    t = (u > 0.5).where(u - 1, u)  # (-1/2, 1/2]: cos is even, so |t|
+    a = (t < 0).where(-t, t)
+    flip = a > 0.25  # cos(2 pi a) = -cos(2 pi (1/2 - a))
+    b = flip.where(0.5 - a, a)
+    use_sin = b > 0.125  # cos(2 pi b) = sin(2 pi (1/4 - b))
+    c = use_sin.where(0.25 - b, b)
+    c2, w = c * c, 2 * math.pi
+    cos = _horner(c2, [(-1) ** k * w ** (2 * k) / math.factorial(2 * k) for k in range(terms)])
+    sin = c * _horner(c2, [(-1) ** k * w ** (2 * k + 1) / math.factorial(2 * k + 1) for k in range(terms)])
+    r = use_sin.where(sin, cos)
+    return flip.where(-r, r)
+
+
 def _uint32_range(n: int, device: str) -> Tensor:
     """0, 1, ..., n-1 as uint32 on `device`, built from two short host ranges (about 2*sqrt(n) values)."""
     cols = math.isqrt(max(n - 1, 0)) + 1
@@ -1994,11 +2060,13 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
 
 def _shape(shape: tuple[Any, ...]) -> tuple[sint, ...]:
     """A shape from varargs or a single tuple, checked to be non-negative."""
-    s = argfix(*shape)
+    s = tuple(int(d) if isinstance(d, np.integer) else d for d in argfix(*shape))
     for d in s:
+        if not isinstance(d, (int, Node)) or isinstance(d, bool):
+            raise TypeError(f"shape dimensions must be ints (or Variables), got {s!r}")
         if isinstance(d, int) and d < 0:
             raise ValueError(f"shape dimensions must be >= 0, got {s}")
-    return tuple(s)
+    return s
 
 
 def _broadcast_shape(*shapes: tuple[sint, ...]) -> tuple[sint, ...]:
@@ -2008,7 +2076,7 @@ def _broadcast_shape(*shapes: tuple[sint, ...]) -> tuple[sint, ...]:
     for dims in zip(*padded):
         sizes = {d for d in dims if d != 1}
         if len(sizes) > 1:
-            raise ValueError(f"shapes {shapes} cannot be broadcast together")
+            raise ShapeError(f"shapes {shapes} cannot be broadcast together")
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 

@@ -128,8 +128,13 @@ def test_rand_range_dtypes_and_statistics() -> None:
     assert b.dtype == dtypes.bfloat16 and 0 <= b.numpy().min() and b.numpy().max() < 1
     assert Tensor.rand(0, 3).shape == (0, 3) and Tensor.rand(()).shape == ()
     assert Tensor.rand(2, requires_grad=True).requires_grad
-    with pytest.raises(ValueError):
-        Tensor.rand(3, dtype=dtypes.int32)
+    # other dtypes draw float32 and cast, as tinygrad 0.9.0: ints are 0, bools True unless the draw was exactly 0
+    Tensor.manual_seed(0)
+    f = Tensor.rand(50).numpy()
+    Tensor.manual_seed(0)
+    np.testing.assert_array_equal(Tensor.rand(50, dtype=dtypes.int32).numpy(), f.astype(np.int32))
+    Tensor.manual_seed(0)
+    np.testing.assert_array_equal(Tensor.rand(50, dtype=dtypes.bool).numpy(), f.astype(np.bool_))
 
 
 def test_manual_seed_streams() -> None:
@@ -178,8 +183,36 @@ def test_randn_normal_kaiming() -> None:
     assert Tensor.normal(3, dtype=dtypes.float64).dtype == dtypes.float64
     k = Tensor.kaiming_normal(200, 50, a=0.0).numpy()
     assert k.shape == (200, 50) and abs(k.std() - np.sqrt(2 / 50)) < 0.02
-    with pytest.raises(ValueError):
-        Tensor.randn(3, dtype=dtypes.int8)
+    Tensor.manual_seed(5)
+    z = Tensor.randn(50).numpy() * 4
+    Tensor.manual_seed(5)
+    n = (Tensor.randn(50) * 4).cast(dtypes.int8).numpy()
+    np.testing.assert_array_equal(n, z.astype(np.int8))  # cast, truncating toward 0
+    Tensor.manual_seed(5)
+    assert Tensor.randn(3, dtype=dtypes.int8).dtype == dtypes.int8
+
+
+def test_randn_same_on_every_device() -> None:
+    """randn draws from + - * / sqrt and bit operations only: the same bits on every device, float32 and float64."""
+    devices = [d for d in Device.available() if d.split(":")[0] in ("PYTHON", "CLANG", "LLVM")]
+    for dt in (dtypes.float32, dtypes.float64):
+        draws = []
+        for d in devices:
+            Tensor.manual_seed(21)
+            draws.append(Tensor.randn(3001, device=d, dtype=dt).numpy())
+        for d, got in zip(devices, draws):
+            np.testing.assert_array_equal(got, draws[0], err_msg=f"{d} vs {devices[0]}")
+        z = draws[0].astype(np.float64)
+        assert abs(z.mean()) < 0.06 and abs(z.std() - 1) < 0.05
+
+
+def test_randn_is_box_muller_of_the_uniform_draws() -> None:
+    """The two uniform draws randn turns into normals (its cos and log are its own, from exact operations)."""
+    Tensor.manual_seed(8)
+    u = Tensor.rand(2, 4000, dtype=dtypes.float64).numpy()
+    Tensor.manual_seed(8)
+    z = Tensor.randn(4000, dtype=dtypes.float64).numpy()
+    np.testing.assert_allclose(z, np.cos(2 * np.pi * u[0]) * np.sqrt(-2 * np.log(1 - u[1])), rtol=1e-13, atol=1e-14)
 
 
 def test_randint() -> None:
@@ -193,8 +226,13 @@ def test_randint() -> None:
     assert u.dtype == np.uint8
     wide = Tensor.randint(100, low=-(2**31), high=2**31 - 1).numpy()
     assert wide.min() < -(2**29) and wide.max() > 2**29
-    for bad in (dict(low=5, high=5), dict(low=0, high=300, dtype=dtypes.int8), dict(low=0.5, high=3),
-                dict(dtype=dtypes.float32)):  # fmt: skip
+    Tensor.manual_seed(2)
+    ints = Tensor.randint(40, low=-5, high=9).numpy()
+    Tensor.manual_seed(2)
+    floats = Tensor.randint(40, low=-5, high=9, dtype=dtypes.float32)
+    assert floats.dtype == dtypes.float32
+    np.testing.assert_array_equal(floats.numpy(), ints.astype(np.float32))  # drawn as ints, cast (tinygrad 0.9.0)
+    for bad in (dict(low=5, high=5), dict(low=0, high=300, dtype=dtypes.int8), dict(low=0.5, high=3)):
         with pytest.raises((ValueError, TypeError)):
             Tensor.randint(3, **bad)
 
