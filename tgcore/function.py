@@ -258,30 +258,31 @@ class Sign(Function):
 # ***** binary ops *****
 
 
-class Less(Function):
+class NoGradient(Function):
+    """An op without a gradient (a comparison, a bitwise op): its result does not require grad, as in torch, so a
+    loss that depends on a tensor only through such ops cannot be differentiated (backward raises)."""
+
+    def __init__(self, device: str, *tensors: Any) -> None:
+        self.device = device
+        self.needs_input_grad = [False] * len(tensors)
+        self.requires_grad = False
+
+
+class Less(NoGradient):
     def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
         return x.e(BinaryOps.CMPLT, y)
 
-    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return None, None
 
-
-class Eq(Function):
+class Eq(NoGradient):
     def forward(self, x: LazyBuffer, y: LazyBuffer) -> LazyBuffer:
         return x.e(BinaryOps.CMPEQ, y)
 
-    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
-        return None, None
 
-
-class Bitwise(Function):
+class Bitwise(NoGradient):
     """XOR, AND, OR, SHL or SHR of integers or bools: no gradient flows through bits."""
 
     def forward(self, x: LazyBuffer, y: LazyBuffer, op: BinaryOps) -> LazyBuffer:
         return x.e(op, y)
-
-    def backward(self, grad_output: LazyBuffer) -> tuple[None, None]:
-        return None, None
 
 
 class Add(Function):
@@ -480,3 +481,30 @@ class Stride(Function):
             g = g.reshape(shape[:axis] + (n * k,) + shape[axis + 1 :])
             g = g.shrink(tuple((0, size) if a == axis else (0, s) for a, s in enumerate(g.shape)))
         return g
+
+
+class Copy(Function):
+    """The data on another device; the gradient goes back to the device it came from."""
+
+    def forward(self, x: LazyBuffer, device: str) -> LazyBuffer:
+        self.input_device = x.device
+        return x.copy_to_device(device)
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output.copy_to_device(self.input_device)
+
+
+class PowerGradient(Function):
+    """x ** y computed ahead (`value`), with the derivatives given too: d/dx and d/dy as LazyBuffers of the output's
+    shape (torch's: y x^(y-1), 0 where y == 0; x^y log x, 0 where x == 0 and y >= 0; NaN for a negative x to a
+    non-integer power)."""
+
+    def forward(self, x: LazyBuffer, y: LazyBuffer, value: LazyBuffer, dx: LazyBuffer, dy: LazyBuffer) -> LazyBuffer:
+        self.dx, self.dy = dx, dy
+        return value
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], Optional[LazyBuffer]]:
+        return (
+            grad_output.e(BinaryOps.MUL, self.dx) if self.needs_input_grad[0] else None,
+            grad_output.e(BinaryOps.MUL, self.dy) if self.needs_input_grad[1] else None,
+        )

@@ -249,7 +249,10 @@ class Tensor:
         device = Device.canonicalize(device)
         if device == self.device:
             return self
-        ret = Tensor(self.lazydata.copy_to_device(device), device, requires_grad=self.requires_grad)
+        if isinstance(self.lazydata, MultiLazyBuffer):
+            ret = Tensor(self.lazydata.copy_to_device(device), device, requires_grad=self.requires_grad)
+        else:
+            ret = F.Copy.apply(self, device=device)  # the gradient flows back to this device
         if self.grad is not None:
             ret.grad = self.grad.to(device)
         return ret
@@ -575,6 +578,11 @@ class Tensor:
 
     def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
         """Accumulate d(self)/d(x) into x.grad for every x that requires grad."""
+        if self._ctx is None and not self.requires_grad:
+            raise RuntimeError(
+                "backward() of a tensor that does not require grad: nothing it was computed from requires grad "
+                "(set requires_grad=True on the inputs to differentiate; comparisons and bitwise ops pass no gradient)"
+            )
         if gradient is None:
             if self.shape != ():
                 raise ShapeError(f"backward without a gradient needs a scalar, got shape {self.shape}")
@@ -1671,9 +1679,36 @@ class Tensor:
             while n:  # binary exponentiation
                 ret, square, n = (ret * square if n & 1 else ret), (square * square if n > 1 else square), n >> 1
             return ret
+        if (
+            not reverse
+            and dtypes.is_float(self.dtype)
+            and isinstance(x, (int, float, np.integer, np.floating))
+            and not isinstance(x, bool)
+            and float(x) in (-1.0, 0.0, 1.0, 2.0, 3.0, 4.0)
+        ):
+            # small integer powers as products, as numpy computes squares and reciprocals (exact to the last bit
+            # for 2 and -1); 0 gives 1 everywhere, NaN included
+            n = int(x)
+            if n == 0:
+                return F.ZeroGradient.apply(self, value=self.ones_like().lazydata)
+            products = {1: self, -1: self, 2: self * self, 3: self * self * self, 4: self.square().square()}
+            return products[n].reciprocal() if n < 0 else products[n]
         base, exponent = self._broadcasted(x, reverse)
         if not dtypes.is_float(base.dtype):
             base, exponent = base.cast(dtypes.default_float), exponent.cast(dtypes.default_float)
+        if not (base.requires_grad or exponent.requires_grad):
+            return base._power(exponent)
+        # the derivatives torch gives, NaN for a negative base to a non-integer power included (through the
+        # composition below, that branch would pass no gradient at all)
+        b, e = base.detach(), exponent.detach()
+        value = b._power(e)
+        dx = (e == 0).where(0, e * b._power(e - 1)) if base.requires_grad else value
+        dy = ((b == 0) & (e >= 0)).where(0, value * b.log()) if exponent.requires_grad else value
+        return F.PowerGradient.apply(base, exponent, value=value.lazydata, dx=dx.lazydata, dy=dy.lazydata)
+
+    def _power(self, exponent: Tensor) -> Tensor:
+        """self ** exponent of float tensors of one shape and dtype, without a gradient of its own."""
+        base = self
         # |b|^e through exp and log, with the sign fixed for negative bases and integer exponents. The product
         # e * log|b| is rounded, and exp turns its error into a relative one as large as the product (~25 ulp for
         # float32 powers of 1e5): so it is formed in the next wider float the device has
