@@ -1691,8 +1691,11 @@ class Tensor:
             n = int(x)
             if n == 0:
                 return F.ZeroGradient.apply(self, value=self.ones_like().lazydata)
-            products = {1: self, -1: self, 2: self * self, 3: self * self * self, 4: self.square().square()}
-            return products[n].reciprocal() if n < 0 else products[n]
+            if n < 0:
+                return self.reciprocal()
+            if n <= 2:
+                return self if n == 1 else self * self
+            return self * self * self if n == 3 else self.square().square()
         base, exponent = self._broadcasted(x, reverse)
         if not dtypes.is_float(base.dtype):
             base, exponent = base.cast(dtypes.default_float), exponent.cast(dtypes.default_float)
