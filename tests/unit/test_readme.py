@@ -148,6 +148,21 @@ def test_block_extraction(tmp_path: pathlib.Path) -> None:
     assert sorted(named_devices(code)) == ["CLANG", "LLVM:1"]
 
 
+def test_what_a_block_needs(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = tmp_path / "README.md"
+    monkeypatch.delenv("TGCORE_README_STRICT", raising=False)
+    assert missing_requirement(Block(readme, 1, "import numpy\nfrom tgcore import Tensor\n")) is None
+    absent = Block(readme, 1, "import tgcore_no_such_module_here\n")
+    assert missing_requirement(absent) == "needs module 'tgcore_no_such_module_here', which is not installed"
+    unavailable = [d for d in KNOWN_DEVICES if Device.status(d) is not None]
+    if unavailable:  # on a machine with every device the check cannot be made, and there is nothing to skip
+        reason = missing_requirement(Block(readme, 1, f'Tensor([1.0], device="{unavailable[0]}")\n'))
+        assert reason is not None and reason.startswith(f"needs device {unavailable[0]}, not available here: ")
+    monkeypatch.setenv("TGCORE_README_STRICT", "1")
+    with pytest.raises(pytest.fail.Exception, match="must install"):
+        missing_requirement(absent)
+
+
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[block.where for block in ALL_BLOCKS])
 def test_readme_block_runs(block: Block, tmp_path: pathlib.Path) -> None:
     if (reason := missing_requirement(block)) is not None:
