@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, TypeVar
 
@@ -400,8 +401,8 @@ CACHEDB: str = getenv("CACHEDB", os.path.abspath(os.path.join(_cache_dir, "tgcor
 CACHELEVEL: int = getenv("CACHELEVEL", 2)
 VERSION: int = 1
 
-_DB_TIMEOUT_S = 30.0
-_DB_RETRIES = 6
+_DB_LOCK_TIMEOUT_S = 2.0  # the longest one cache operation waits for another connection's lock
+_DB_LOCK_BACKOFF_S = 60.0  # after a lock outlasted that wait, the cache is skipped this long before trying again
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KEY_SQL_TYPES: dict[type, str] = {str: "text", bool: "integer", int: "integer", float: "numeric", bytes: "blob"}
 
@@ -410,6 +411,20 @@ _db_connection: sqlite3.Connection | None = None
 _db_owner: tuple[int, str] = (0, "")  # (pid, path) the open connection belongs to
 _db_tables: set[tuple[str, str]] = set()  # (path, table) pairs whose table this process has created
 _forked_connections: list[sqlite3.Connection] = []  # inherited across fork: kept unclosed, never used
+
+
+class CacheWarning(UserWarning):
+    """The disk cache at CACHEDB cannot be used as it is (corrupt, locked or read-only); work goes on without it."""
+
+
+# what this process learnt about the cache databases it used, by path: they are not tried again (or, for a lock,
+# not before the back-off has passed), so one bad cache costs one warning and at most one lock wait
+_db_unusable: set[str] = set()  # neither read nor written
+_db_unwritable: set[str] = set()  # read, never written
+_db_locked_until: dict[tuple[str, bool], float] = {}  # (path, is_write) -> time.monotonic() the back-off ends
+_db_reported: set[tuple[str, str]] = set()  # (path, problem) pairs already warned about
+
+_NO_CACHE_FIX = "CACHELEVEL=0 runs without a disk cache"
 
 
 def _reset_after_fork() -> None:
@@ -425,6 +440,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _is_uri(path: str) -> bool:
+    """Whether CACHEDB is an sqlite URI (`file:cache.db?mode=ro` opens a shared cache read-only)."""
+    return path.startswith("file:")
+
+
 def db_connection() -> sqlite3.Connection:
     """This process's connection to CACHEDB, (re)opened when the process or CACHEDB changed."""
     global _db_connection, _db_owner
@@ -437,36 +457,118 @@ def db_connection() -> sqlite3.Connection:
                 _db_connection.close()
             else:
                 _forked_connections.append(_db_connection)
-        if CACHEDB != ":memory:":
+            _db_connection = None
+        if CACHEDB != ":memory:" and not _is_uri(CACHEDB):
             os.makedirs(os.path.dirname(os.path.abspath(CACHEDB)), exist_ok=True)
-        conn = sqlite3.connect(CACHEDB, timeout=_DB_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        with contextlib.suppress(sqlite3.OperationalError):  # WAL is an optimisation; the default journal also works
+        conn = sqlite3.connect(
+            CACHEDB, timeout=_DB_LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False, uri=_is_uri(CACHEDB)
+        )
+        try:
             if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() == "wal":
                 conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.OperationalError as e:
+            if _problem(e, write=False) in ("locked", "unopenable"):  # the cache cannot be used now
+                conn.close()
+                raise
+            # otherwise WAL is only an optimisation (a read-only file, a file system without shared memory)
+        except BaseException:
+            conn.close()
+            raise
         if DEBUG >= 7:
             conn.set_trace_callback(print)
         _db_connection, _db_owner = conn, owner
         return conn
 
 
-def _is_locked(e: sqlite3.OperationalError) -> bool:
-    """Whether an sqlite error is a transient lock conflict with another connection."""
+def _problem(e: BaseException, write: bool) -> str:
+    """What an error from the cache database says is wrong with it: corrupt, locked, read-only, unopenable, failed."""
     msg = str(e).lower()
-    return "locked" in msg or "busy" in msg
+    if isinstance(e, OSError):  # from creating the cache's folder
+        return "unopenable"
+    if "locked" in msg or "busy" in msg:
+        return "locked"
+    if "malformed" in msg or "not a database" in msg or type(e) is sqlite3.DatabaseError:  # SQLITE_CORRUPT, _NOTADB
+        return "corrupt"
+    if "readonly" in msg or "read-only" in msg:
+        return "readonly"
+    if "unable to open" in msg:
+        return "unopenable"
+    if write and ("disk is full" in msg or "disk i/o" in msg):
+        return "readonly"  # what is stored can still be read
+    return "failed"
 
 
-def _retry_locked(op: Callable[[sqlite3.Connection], T]) -> T:
-    """Run op on the connection, retrying with back-off while the database is locked by another process."""
-    attempt = 0
-    while True:
+def _report(path: str, problem: str, error: BaseException) -> None:
+    """Warn once per process about one problem with one cache database: what is wrong, what happens now, the fix."""
+    if (path, problem) in _db_reported:
+        return
+    _db_reported.add((path, problem))
+    what, then, fix = {
+        "corrupt": (
+            "is not a usable sqlite database (corrupt, truncated or not a database at all)",
+            "running without the disk cache",
+            "It holds nothing but a cache: delete the file to start a new one, or set CACHEDB to another path",
+        ),
+        "readonly": (
+            "cannot be written",
+            "what it holds is still used, new entries are not stored",
+            "Make the file and its folder writable, or set CACHEDB to a writable path",
+        ),
+        "unreadable": (
+            "cannot be read from its read-only folder (a database in WAL mode keeps an index file beside it)",
+            "running without the disk cache",
+            "Make its folder writable, or set CACHEDB to a writable path",
+        ),
+        "unopenable": (
+            "cannot be opened or created",
+            "running without the disk cache",
+            "Make its folder writable, or set CACHEDB to a writable path",
+        ),
+        "locked": (
+            f"stayed locked by another connection for more than {_DB_LOCK_TIMEOUT_S:g} s",
+            f"running without it for {_DB_LOCK_BACKOFF_S:g} s at a time until it is free",
+            "A process holding a transaction open on it (an sqlite3 shell, a stuck program) is the usual cause: "
+            "end it, or set CACHEDB to another path",
+        ),
+        "failed": (
+            "failed",
+            "running without the disk cache",
+            "Delete the file, or set CACHEDB to another path",
+        ),
+    }[problem]
+    shown = path if path == ":memory:" or _is_uri(path) else os.path.abspath(path)
+    warnings.warn(
+        f"the tgcore disk cache {shown} {what} ({type(error).__name__}: {error}); {then}. {fix}; {_NO_CACHE_FIX}.",
+        CacheWarning,
+    )
+
+
+def _run_db(op: Callable[[sqlite3.Connection], T], write: bool) -> tuple[bool, T | None]:
+    """(True, op(connection)), or (False, None) when the cache database cannot be used now, reported once.
+    No error of the database reaches the caller, and a lock held elsewhere costs at most one bounded wait."""
+    with _db_lock:
+        path = CACHEDB
+        if path in _db_unusable or (write and path in _db_unwritable):
+            return False, None
+        if time.monotonic() < _db_locked_until.get((path, write), 0.0):
+            return False, None
         try:
-            with _db_lock:
-                return op(db_connection())
-        except sqlite3.OperationalError as e:
-            attempt += 1
-            if not _is_locked(e) or attempt >= _DB_RETRIES:
-                raise
-        time.sleep(min(0.05 * 2**attempt, 1.0))
+            return True, op(db_connection())
+        except (sqlite3.Error, OSError) as e:
+            problem = _problem(e, write)
+            if problem == "readonly" and not write:
+                problem = "unreadable"  # a read that must write: the WAL index of a file in a read-only folder
+            if problem == "locked":
+                until = time.monotonic() + _DB_LOCK_BACKOFF_S
+                _db_locked_until[(path, True)] = until
+                if not write:  # a write lock held elsewhere does not stop reads: a lock that stops reads does
+                    _db_locked_until[(path, False)] = until
+            elif problem == "readonly":
+                _db_unwritable.add(path)
+            else:
+                _db_unusable.add(path)
+            _report(path, problem, e)
+            return False, None
 
 
 def _check_identifier(name: str, what: str) -> str:
@@ -552,8 +654,14 @@ def _deserialize(stored: bytes | str) -> Any:
     return _decode_plain(json.loads(stored))
 
 
+def _is_missing(e: sqlite3.OperationalError) -> bool:
+    """Whether an error says a table or column does not exist (nothing was stored there yet), not a broken cache."""
+    msg = str(e)
+    return "no such table" in msg or "no such column" in msg
+
+
 def _lookup(table: str, key: dict[str, Any] | str | int) -> tuple[bool, Any]:
-    """(found, value) for key in table; (False, None) when the cache is off or the table does not exist."""
+    """(found, value) for key in table; (False, None) when the cache is off, unusable or has no such entry."""
     if CACHELEVEL == 0:
         return False, None
     columns = _normalize_key(key)
@@ -561,24 +669,32 @@ def _lookup(table: str, key: dict[str, Any] | str | int) -> tuple[bool, Any]:
     where = " AND ".join(f'"{c}"=?' for c in columns)
 
     def select(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
-        return conn.execute(f'SELECT val FROM "{sql_table}" WHERE {where}', tuple(columns.values())).fetchone()
-
-    try:
-        row = _retry_locked(select)
-    except sqlite3.OperationalError as e:
-        if _is_locked(e):
+        try:
+            return conn.execute(f'SELECT val FROM "{sql_table}" WHERE {where}', tuple(columns.values())).fetchone()
+        except sqlite3.OperationalError as e:
+            if _is_missing(e):
+                return None  # nothing was ever stored there
             raise
-        return False, None  # no such table (or column): nothing was ever stored there
-    return (False, None) if row is None else (True, _deserialize(row[0]))
+
+    ok, row = _run_db(select, write=False)
+    if not ok or row is None:
+        return False, None
+    try:
+        return True, _deserialize(row[0])
+    except (ValueError, TypeError, KeyError) as e:  # bytes of a damaged file that sqlite did not notice
+        with _db_lock:
+            _db_unusable.add(CACHEDB)
+            _report(CACHEDB, "corrupt", e)
+        return False, None
 
 
 def diskcache_get(table: str, key: dict[str, Any] | str | int) -> Any:
-    """The value stored under key in table, or None when there is none."""
+    """The value stored under key in table, or None when there is none (or the cache cannot be read)."""
     return _lookup(table, key)[1]
 
 
 def diskcache_put(table: str, key: dict[str, Any] | str | int, val: T) -> T:
-    """Store val (plain data or bytes) under key in table and return it."""
+    """Store val (plain data or bytes) under key in table and return it; a cache that cannot be written is skipped."""
     if CACHELEVEL == 0:
         return val
     columns = _normalize_key(key)
@@ -588,6 +704,7 @@ def diskcache_put(table: str, key: dict[str, Any] | str | int, val: T) -> T:
     column_types = ", ".join(f'"{c}" {_KEY_SQL_TYPES[type(v)]}' for c, v in columns.items())
     create_sql = f'CREATE TABLE IF NOT EXISTS "{sql_table}" ({column_types}, val blob, PRIMARY KEY ({names}))'
     insert_sql = f'REPLACE INTO "{sql_table}" ({names}, val) VALUES ({", ".join("?" * (len(columns) + 1))})'
+    path = CACHEDB
 
     def create(conn: sqlite3.Connection) -> None:
         try:
@@ -595,25 +712,25 @@ def diskcache_put(table: str, key: dict[str, Any] | str | int, val: T) -> T:
         except sqlite3.OperationalError as e:
             if "already exists" not in str(e):  # another process created it between our check and our create
                 raise
+        _db_tables.add((path, sql_table))
 
     def insert(conn: sqlite3.Connection) -> None:
-        conn.execute(insert_sql, (*columns.values(), stored))
+        if (path, sql_table) not in _db_tables:
+            create(conn)
+        try:
+            conn.execute(insert_sql, (*columns.values(), stored))
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):
+                raise
+            create(conn)  # another process cleared the cache since we created the table
+            conn.execute(insert_sql, (*columns.values(), stored))
 
-    if (CACHEDB, sql_table) not in _db_tables:
-        _retry_locked(create)
-        _db_tables.add((CACHEDB, sql_table))
-    try:
-        _retry_locked(insert)
-    except sqlite3.OperationalError as e:
-        if "no such table" not in str(e):
-            raise
-        _retry_locked(create)  # another process cleared the cache since we created the table
-        _retry_locked(insert)
+    _run_db(insert, write=True)
     return val
 
 
 def diskcache_clear() -> None:
-    """Drop every table in the disk cache."""
+    """Drop every table in the disk cache (a cache that cannot be written is reported and left as it is)."""
 
     def drop_all(conn: sqlite3.Connection) -> None:
         names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -621,7 +738,7 @@ def diskcache_clear() -> None:
             if not name.startswith("sqlite_"):
                 conn.execute(f"DROP TABLE IF EXISTS {_quote_identifier(name)}")
 
-    _retry_locked(drop_all)
+    _run_db(drop_all, write=True)
     _db_tables.clear()
 
 
