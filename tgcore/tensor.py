@@ -880,6 +880,14 @@ class Tensor:
         for t in args:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
                 raise ShapeError(f"cat needs equal shapes except on axis {d}, got {[x.shape for x in tensors]}")
+        if len(tensors) > _CAT_GROUP:
+            # a tree of cats of at most _CAT_GROUP tensors each, every group computed once: a kernel that adds n
+            # padded parts does n reads per element, so one cat of 5,000 tensors would do 5,000
+            groups = [
+                Tensor.cat(*tensors[i : i + _CAT_GROUP], dim=d).contiguous()
+                for i in range(0, len(tensors), _CAT_GROUP)
+            ]
+            return groups[0].cat(*groups[1:], dim=d)
         offsets = [0]
         for t in tensors:
             offsets.append(offsets[-1] + t.shape[d])
@@ -1966,6 +1974,7 @@ class Tensor:
         return self.cast(dtypes.bool)
 
 
+_CAT_GROUP = 16  # the most tensors one cat kernel joins (Tensor.cat)
 _RAND_BITS = {dtypes.float16: 11, dtypes.bfloat16: 8, dtypes.float32: 24, dtypes.float64: 32}
 _THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
@@ -2071,28 +2080,39 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     reduce on its own (engine/schedule.py, _Graph._try_fuse_reduce), and every kernel that reads the old target runs
     before the assign. So the walk stops there (a training step's update would otherwise walk the whole forward and
     backward graph again for every parameter, and copy every weight: its forward matmul reads it transposed)."""
+    # whether each (node, below a reduce) reads the target, sources first: a loop, not recursion (graphs can be deeper
+    # than Python's recursion limit), memoized (a graph that reuses nodes would make it exponential)
     memo: dict[tuple[int, bool], bool] = {}
     hazard = False
-
-    def reads_target(n: LazyBuffer, under_reduce: bool) -> bool:
-        nonlocal hazard
-        if n is target:
-            return True
+    stack: list[tuple[LazyBuffer, bool]] = [(src, False)]
+    while stack:
+        n, under_reduce = stack[-1]
         key = (id(n), under_reduce)
-        if key not in memo:
-            b = n.base
-            if b is target.base:  # the target's memory read through another view
-                hazard, memo[key] = True, True
-            elif b.realized is not None or (under_reduce and b.op in _REDUCE_OPS):
-                memo[key] = False
-            else:
-                below = under_reduce or b.op in _REDUCE_OPS
-                memo[key] = any([reads_target(s, below) for s in b.srcs])
-                if memo[key] and (n is not b or b.op in _REDUCE_OPS):
-                    hazard = True
-        return memo[key]
-
-    reads_target(src, False)
+        if key in memo:
+            stack.pop()
+            continue
+        if n is target:
+            memo[key] = True
+            stack.pop()
+            continue
+        b = n.base
+        if b is target.base:  # the target's memory read through another view
+            hazard = memo[key] = True
+            stack.pop()
+            continue
+        if b.realized is not None or (under_reduce and b.op in _REDUCE_OPS):
+            memo[key] = False
+            stack.pop()
+            continue
+        below = under_reduce or b.op in _REDUCE_OPS
+        todo = [(s, below) for s in b.srcs if (id(s), below) not in memo]
+        if todo:
+            stack.extend(todo)
+            continue
+        memo[key] = any([memo[(id(s), below)] for s in b.srcs])
+        if memo[key] and (n is not b or b.op in _REDUCE_OPS):
+            hazard = True
+        stack.pop()
     return hazard
 
 

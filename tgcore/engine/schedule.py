@@ -44,6 +44,10 @@ _PAD_SAFE = {
     TernaryOps.MULACC,
 }
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
+# the most ops a kernel's expression nests (deeper chains are split into kernels, see _Graph._limit_kernels) and the
+# most buffers it reads; the deepest of tgcore's own composed functions (pow, through exp and log) nest about 90
+MAX_FUSED_DEPTH = 128
+MAX_KERNEL_INPUTS = 64
 
 
 @dataclass
@@ -82,6 +86,7 @@ class _Graph:
         self.masked_reads: list[LazyBuffer] = []
         self.expanded_reads: list[tuple[LazyBuffer, LazyBuffer]] = []  # (elementwise base, its reader)
         self.pad_safe: dict[LazyBuffer, bool] = {}
+        self.post_order: list[LazyBuffer] = []  # every unrealized base, its sources first
         for b in outs:
             self._walk(b)
         for b in self.seen:
@@ -93,18 +98,27 @@ class _Graph:
         for b, reader in self.expanded_reads:
             if reader.op in ReduceOps or any(c.op in ReduceOps for c, _ in self.children.get(reader, [])):
                 self.realizes[b] = None
+        self._limit_kernels()
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
             if b.op in ReduceOps and b not in outs and not b.forced_realize:
                 self._try_fuse_reduce(b)
 
-    def _walk(self, b: LazyBuffer) -> None:
-        if b.realized is not None or b in self.seen:
+    def _walk(self, root: LazyBuffer) -> None:
+        """Visit the unrealized graph below `root` depth first, each base once (a loop, not recursion: graphs can be
+        deeper than Python's recursion limit), noting what each node's reads force to be realized."""
+        if root.realized is not None or root in self.seen:
             return
-        self.seen[b] = None
-        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
-            self.realizes[b] = None
-        for src in b.srcs:
+        self._enter(root)
+        stack: list[tuple[LazyBuffer, int]] = [(root, 0)]
+        while stack:
+            b, i = stack[-1]
+            if i == len(b.srcs):
+                stack.pop()
+                self.post_order.append(b)
+                continue
+            stack[-1] = (b, i + 1)
+            src = b.srcs[i]
             sb = src.base
             self.children.setdefault(sb, []).append((b, src))
             if sb.realized is not None:
@@ -118,13 +132,59 @@ class _Graph:
                     self.masked_reads.append(sb)
                 if isinstance(sb.op, _ELEMENTWISE) and _broadcasts(src.st, sb.size):
                     self.expanded_reads.append((sb, b))
-            self._walk(sb)
+            if sb not in self.seen:
+                self._enter(sb)
+                stack.append((sb, 0))
+
+    def _limit_kernels(self) -> None:
+        """Realize the inlined sources of a node whose kernel would nest more than MAX_FUSED_DEPTH ops deep or read
+        more than MAX_KERNEL_INPUTS buffers: a chain of 10,000 ops becomes kernels of at most that depth (every walk
+        of a kernel's AST stays far below Python's recursion limit), a sum of 500 tensors kernels of at most that
+        many inputs."""
+        depth: dict[LazyBuffer, int] = {}
+        inputs: dict[LazyBuffer, frozenset[LazyBuffer]] = {}
+        realizes, const = self.realizes, LoadOps.CONST
+        for b in self.post_order:
+            d, ins, inlined = 0, set(), []
+            for s in b.srcs:
+                sb = s.base
+                if sb.realized is not None or sb in realizes:
+                    ins.add(sb)
+                elif sb.op is not const:
+                    inlined.append(sb)
+                    d = max(d, depth[sb])
+                    ins |= inputs[sb]
+            if inlined and (d >= MAX_FUSED_DEPTH or len(ins) > MAX_KERNEL_INPUTS):
+                for sb in inlined:
+                    realizes[sb] = None
+                d, ins = 0, {s.base for s in b.srcs if s.base.op is not const or s.base.realized is not None}
+            depth[b], inputs[b] = d + 1, frozenset(ins)
+
+    def _enter(self, b: LazyBuffer) -> None:
+        self.seen[b] = None
+        if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
+            self.realizes[b] = None
 
     def _pad_safe(self, b: LazyBuffer) -> bool:
-        if b.realized is not None or b in self.realizes or b.op is LoadOps.CONST:
-            return True
-        if b not in self.pad_safe:  # memoized: a graph that reuses nodes would make the walk exponential
-            self.pad_safe[b] = b.op in _PAD_SAFE and all(self._pad_safe(s.base) for s in b.srcs)
+        """Whether computing `b` inline gives 0 where a pad reads nothing (every op below it maps zeros to 0)."""
+        stack = [b]
+        while stack:  # sources first, each once (memoized: a graph that reuses nodes would make it exponential)
+            n = stack[-1]
+            if n.realized is not None or n in self.realizes or n.op is LoadOps.CONST:
+                self.pad_safe[n] = True
+            if n in self.pad_safe:
+                stack.pop()
+                continue
+            if n.op not in _PAD_SAFE:
+                self.pad_safe[n] = False
+                stack.pop()
+                continue
+            todo = [s.base for s in n.srcs if s.base not in self.pad_safe]
+            if todo:
+                stack.extend(todo)
+                continue
+            self.pad_safe[n] = all(self.pad_safe[s.base] for s in n.srcs)
+            stack.pop()
         return self.pad_safe[b]
 
     def _try_fuse_reduce(self, r: LazyBuffer) -> None:
