@@ -277,6 +277,10 @@ class Tensor:
 
     def assign(self, x: Any) -> Tensor:
         """Write `x` into this tensor's memory (shapes, dtypes and devices must match)."""
+        if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # written now, any device
+            from tgcore.runtime import disk
+
+            return disk.assign(self, x)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
@@ -810,6 +814,11 @@ class Tensor:
 
     def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
         """Write `v` (broadcast, cast to this dtype) into the indexed part: in place when this tensor is realized."""
+        if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # into the file, now
+            from tgcore.runtime import disk
+
+            disk.setitem(self, indices, v)
+            return
         if self.requires_grad:
             raise NotImplementedError("setitem on a tensor that requires grad is not supported: use where or pad")
         plan = self._index_plan(indices)
