@@ -355,7 +355,7 @@ class _Device:
     def storage_only(self, name: str) -> bool:
         """Whether device `name` (canonical) only holds data and runs no kernels (DeviceSpec.storage_only)."""
         if (known := self._storage_only.get(name)) is None:
-            spec = self.specs().get(name.split(":")[0])
+            spec = self.specs().get(name.split(":")[0]) if isinstance(name, str) else None  # (or devices of a shard)
             known = self._storage_only[name] = spec is not None and spec.storage_only
         return known
 

@@ -389,6 +389,11 @@ class Tensor:
     @staticmethod
     def _random_bits(n: int, device: str) -> Tensor:
         """`n` fresh uniformly distributed uint32 words on `device`."""
+        if Device.storage_only(device):  # (its counter would be written into the file, then no kernel could run)
+            raise ValueError(
+                f"{device} holds data and runs no kernels, so it cannot draw random numbers: draw them on a compute "
+                f"device and copy them, e.g. Tensor.rand(...).to({device!r})"
+            )
         if n >= 2**33:
             raise ValueError(f"cannot draw {n} random numbers at once: at most 2**33 - 1")
         counter = Tensor._rng_counters.get(device)
@@ -744,6 +749,11 @@ class Tensor:
 
     def _index_tensor(self, i: Any, dim: int, size: sint) -> Tensor:
         """An index list/array/Tensor for axis `dim` as an integer tensor with negative indices wrapped."""
+        if Device.storage_only(self.device):  # (an index tensor made on it would be written into its file)
+            raise IndexError(
+                f"{self.device} holds data and runs no kernels, and indexing with lists or tensors needs one: use "
+                "ints and slices, or copy the tensor to a compute device first"
+            )
         if isinstance(i, Tensor):
             if not dtypes.is_int(i.dtype):
                 raise IndexError(

@@ -1,4 +1,4 @@
-"""The built-in DISK device: tensors whose data is a file, memory-mapped; registered through the same hooks as any plugin.
+"""The built-in DISK device: tensors whose data is a memory-mapped file, registered through the same hooks as a plugin.
 
 A device instance is a file: `disk:/data/weights.bin` (the path after the colon is kept as written, case and all).
 Every buffer allocated on it starts at byte 0 of that file, and views of a buffer are byte ranges of the same file,
@@ -20,7 +20,7 @@ What DISK does (DeviceSpec.storage_only: it holds data and runs no kernels):
 
 What DISK refuses, with an error that says to copy to a compute device first: arithmetic, casts and reductions (the
 scheduler refuses any kernel on a storage-only device), `.contiguous()`, `assign` or `bitcast` of a view that is not
-one run of bytes, and advanced (tensor or list) indexing in an assignment.
+one run of bytes, indexing with lists or tensors, and random numbers (tensor.py refuses those before they write).
 
 The lazy-graph entry points below (contiguous, bitcast, copy_to_device, assign, setitem) are called from small
 guarded branches in lazy.py and tensor.py for devices whose DeviceSpec says storage_only.
@@ -76,7 +76,7 @@ class DiskBuffer:
 
 
 class DiskAllocator(Allocator):
-    """Buffers of one file (the device instance "DISK:<path>"), all starting at its byte 0; memory-mapped on first use."""
+    """Buffers of one file (the device instance "DISK:<path>"), each starting at its byte 0; mapped on first use."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -152,9 +152,8 @@ class DiskAllocator(Allocator):
             if size < need:
                 if not write:
                     raise ValueError(
-                        f"{what}: the file has {size} bytes, but reading bytes {buf.offset}..{buf.offset + buf.size} "
-                        f"needs {need}: the tensor's shape and dtype ask for more than the file holds (a wrong shape, "
-                        "or a truncated file)"
+                        f"{what}: the file has {size} bytes, but the tensor needs bytes {buf.offset}..{need}: its "
+                        "shape and dtype ask for more than the file holds (a wrong shape, or a truncated file)"
                     )
                 os.ftruncate(fd, need)  # grown with zeros (sparse where the file system allows)
                 size = need
@@ -322,12 +321,7 @@ def setitem(target: Tensor, indices: Any, value: Any) -> None:
     """Tensor.__setitem__ on DISK: write `value` (broadcast, cast to the target's dtype) into the indexed bytes."""
     from tgcore.tensor import _broadcast_shape
 
-    if target._index_plan(indices).advanced:
-        raise IndexError(
-            f"{target.device}: assigning through list or tensor indexes is not supported on DISK (it would need a "
-            "kernel); use ints and slices, or copy the tensor to a compute device"
-        )
-    view = target[indices]
+    view = target[indices]  # (list or tensor indexes raise: they need a kernel)
     value = _as_value(value, target.dtype)
     if value.shape != view.shape or value.dtype != view.dtype:
         if _broadcast_shape(value.shape, view.shape) != view.shape:
