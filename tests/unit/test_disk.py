@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tgcore import Device, Tensor, dtypes
+from tgcore.lazy import LazyBuffer
 from tgcore.nn.state import safe_load
 from tgcore.runtime import disk
 
@@ -137,7 +138,7 @@ def test_assign_and_setitem_write_into_the_file(tmp_path: Path) -> None:
     want[0, 1:4] = 8
     t[2, 4] = 0.5
     want[2, 4] = 0.5
-    t[0] = [1, 2, 3, 4, 5]  # data, cast to the tensor's dtype
+    t[0] = [1, 2, 3, 4, 5]  # type: ignore[assignment]  # data (ints), cast to the tensor's dtype
     want[0] = [1, 2, 3, 4, 5]
     assert t.assign(Tensor(want * 2)) is t  # the whole tensor
     want *= 2
@@ -194,8 +195,9 @@ def test_slices_are_views_of_the_file(tmp_path: Path) -> None:
     exact(row, arr.reshape(4, 6)[2])
     exact(one, np.array(23, np.int32))
     exact(rows[1:3].reshape(3, 4)[1:], arr[6:18].reshape(3, 4)[1:])
-    buf = part.contiguous().lazydata.base.buffer
-    assert buf.base is t.lazydata.base.buffer and buf.offset == 6 * 4  # a view at byte 24: no copy of its own
+    view, file = part.contiguous().lazydata, t.lazydata
+    assert isinstance(view, LazyBuffer) and isinstance(file, LazyBuffer)
+    assert view.base.buffer.base is file.base.buffer and view.base.buffer.offset == 6 * 4  # at byte 24: no copy
     mm = np.memmap(fn, np.int32, "r+")
     mm[6:18] = -mm[6:18]  # written behind tgcore's back: every view reads the file anew
     mm.flush()
@@ -347,6 +349,30 @@ def test_reading_a_missing_or_short_file_raises(tmp_path: Path) -> None:
         Tensor([1.0]).to(disk_name(tmp_path / "no" / "such" / "dir.bin")).realize()
     with pytest.raises(ValueError, match="names no file"):
         Tensor.empty(4, device="disk").numpy()
+
+
+def test_a_file_cut_short_after_opening_raises_instead_of_crashing(tmp_path: Path) -> None:
+    fn = tmp_path / "cut.bin"
+    np.arange(16, dtype=np.float32).tofile(fn)
+    t = Tensor.empty(16, dtype=dtypes.float32, device=disk_name(fn))
+    exact(t, np.arange(16, dtype=np.float32))  # mapped
+    os.truncate(fn, 8)  # another program shortens the file: the mapped pages past its end are gone
+    with pytest.raises(ValueError, match="the file was cut to 8 bytes since it was opened"):
+        t[4:8].numpy()
+    exact(t[0:2], np.array([0.0, 1.0], np.float32))
+
+
+def test_a_replaced_file_is_read_anew_by_new_tensors(tmp_path: Path) -> None:
+    fn = tmp_path / "r.bin"
+    np.arange(4, dtype=np.int32).tofile(fn)
+    old = Tensor.empty(4, dtype=dtypes.int32, device=disk_name(fn))
+    exact(old, np.arange(4, dtype=np.int32))
+    tmp = tmp_path / "r.tmp"
+    np.arange(10, 14, dtype=np.int32).tofile(tmp)
+    os.replace(tmp, fn)  # as safe_save writes: a new file renamed over the old one
+    exact(Tensor.empty(4, dtype=dtypes.int32, device=disk_name(fn)), np.arange(10, 14, dtype=np.int32))
+    exact(old, np.arange(4, dtype=np.int32))  # a tensor that read the old file goes on reading it
+    exact(old[1:3], np.arange(1, 3, dtype=np.int32))
 
 
 def test_a_read_only_file_is_read_and_refuses_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,7 +120,7 @@ def _read(data: Tensor, begin: int, end: int) -> bytes:
 
 def _safetensors_header(data: Tensor, what: str) -> tuple[int, dict[str, Any]]:
     """(header length, header) of safetensors bytes, checking the length and that the header is a JSON object."""
-    size = int(data.shape[0])
+    size = data.nbytes()
     if size < 8:
         raise ValueError(f"{what} is not a safetensors file: {size} bytes, fewer than the 8-byte header length")
     json_len = int.from_bytes(_read(data, 0, 8), "little")
@@ -202,7 +202,7 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     data, what = _file_tensor(fn)
     json_len, header = _safetensors_header(data, what)
     start = 8 + json_len
-    entries = _safetensors_entries(header, int(data.shape[0]) - start, what)
+    entries = _safetensors_entries(header, data.nbytes() - start, what)
     if isinstance(data.device, str) and Device.storage_only(data.device):
         return {name: _disk_entry(data, dt, shape, start + b, start + e) for name, dt, shape, b, e in entries}
     raw_bytes = data.numpy()  # bytes on a compute device: views of another item size need DISK, so copy each

@@ -54,12 +54,12 @@ DEVICE = "DISK"
 
 
 class _Mapping:
-    """One memory map of the whole file, and whether it can be written through."""
+    """One memory map of a whole file, whether it can be written through, and which file it is (device, inode)."""
 
-    __slots__ = ("mm", "writable", "__weakref__")
+    __slots__ = ("mm", "writable", "file", "__weakref__")
 
-    def __init__(self, mm: mmap.mmap, writable: bool) -> None:
-        self.mm, self.writable = mm, writable
+    def __init__(self, mm: mmap.mmap, writable: bool, file: tuple[int, int]) -> None:
+        self.mm, self.writable, self.file = mm, writable, file
 
 
 class DiskBuffer:
@@ -67,9 +67,9 @@ class DiskBuffer:
 
     __slots__ = ("offset", "size", "end", "mapping")
 
-    def __init__(self, offset: int, size: int, end: int) -> None:
+    def __init__(self, offset: int, size: int, end: int, mapping: Optional[_Mapping] = None) -> None:
         self.offset, self.size, self.end = offset, size, end
-        self.mapping: Optional[_Mapping] = None  # the map this range was last read or written through (kept alive)
+        self.mapping = mapping  # the map this range was last read or written through (kept alive by it)
 
     def __repr__(self) -> str:
         return f"<DiskBuffer bytes {self.offset}..{self.offset + self.size}>"
@@ -93,7 +93,7 @@ class DiskAllocator(Allocator):
         return DiskBuffer(0, size, size)
 
     def offset(self, buf: DiskBuffer, size: int, offset: int) -> DiskBuffer:
-        return DiskBuffer(buf.offset + offset, size, buf.end)
+        return DiskBuffer(buf.offset + offset, size, buf.end, buf.mapping)  # a view reads the file its base reads
 
     def copyin(self, dest: DiskBuffer, src: memoryview) -> None:
         with memoryview(self._map(dest, write=True).mm) as mv:
@@ -109,10 +109,27 @@ class DiskAllocator(Allocator):
         return memoryview(self._map(src, write=False).mm)[src.offset : src.offset + src.size]
 
     def _map(self, buf: DiskBuffer, write: bool) -> _Mapping:
-        """A mapping that holds `buf` (and, for a write, its whole allocation), opening or growing the file."""
+        """A mapping that holds `buf` (and, for a write, its whole allocation), opening or growing the file.
+
+        A buffer keeps reading the file it first read, even once the path names another (safe_save replaces a file);
+        a buffer used for the first time maps the file the path names now."""
         need = buf.end if write else buf.offset + buf.size
-        for m in (buf.mapping, self._current() if self._current is not None else None):
-            if m is not None and len(m.mm) >= need and (m.writable or not write):
+        try:
+            now: Optional[os.stat_result] = os.stat(self.path)
+        except OSError:
+            now = None
+        m = buf.mapping
+        if m is None and self._current is not None and (m := self._current()) is not None:
+            if now is None or (now.st_dev, now.st_ino) != m.file:
+                m = None  # the path names another file now
+        if m is not None:
+            if now is not None and (now.st_dev, now.st_ino) == m.file and now.st_size < min(need, len(m.mm)):
+                # (touching mapped pages past the end of a file kills the process with SIGBUS)
+                raise ValueError(
+                    f"{self.device}: the file was cut to {now.st_size} bytes since it was opened (by another "
+                    f"program?), but the tensor needs bytes {buf.offset}..{need}"
+                )
+            if len(m.mm) >= need and (m.writable or not write):
                 buf.mapping = m
                 return m
         m = self._open(need, write, buf)
@@ -157,7 +174,8 @@ class DiskAllocator(Allocator):
                     )
                 os.ftruncate(fd, need)  # grown with zeros (sparse where the file system allows)
                 size = need
-            return _Mapping(mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ), writable)
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+            return _Mapping(mm, writable, (info.st_dev, info.st_ino))
         finally:
             os.close(fd)  # the mapping keeps the file open
 
