@@ -9,8 +9,10 @@ What DISK does (DeviceSpec.storage_only: it holds data and runs no kernels):
   creates the file if it is missing and grows it to the size of the tensor written into; it never shrinks a file.
 - reading: `.numpy()`, copies to any device (`t.to(device)`), copies between files. A read needs the file to exist and
   to hold the bytes read: a missing file or one too short raises (FileNotFoundError, ValueError) rather than reading
-  zeros. Reads and writes go through one shared mapping of the file per device instance, made on first use:
-  opening a file reads nothing, and a read touches only the pages of the bytes asked for.
+  zeros. Reads and writes go through one shared mapping of the whole file, made on first use and unmapped with the
+  last buffer that uses it: opening a file reads nothing, and a read touches only the pages of the bytes asked for.
+  A buffer keeps the file it first mapped even when the path is given to another file (safe_save renames a new file
+  into place); a file cut short by another program raises instead of touching pages past its end (SIGBUS).
 - views without a copy: reshapes, shrinks and basic indexing that select one contiguous run of bytes, and `bitcast`
   (to a dtype of the same item size, or of another where the last axis's bytes divide evenly, as safetensors loading
   needs), each a new Buffer over the same bytes (LazyBuffer op CUSTOM with a no-op function, so the scheduler only
@@ -207,7 +209,7 @@ def _check_storable(lb: LazyBuffer) -> None:
     if base.realized is None and base.op is LoadOps.CONST:
         raise ValueError(
             f"{lb.device} cannot hold a constant tensor (zeros, ones, full): DISK runs no kernels to fill it. Make it "
-            f'on a compute device and copy it: Tensor.zeros(...).to("disk:...")'
+            'on a compute device and copy it: Tensor.zeros(...).to("disk:...")'
         )
     if not all_int(lb.shape):
         raise ValueError(f"{lb.device} cannot hold the symbolic shape {lb.shape}: DISK buffers have a fixed size")
