@@ -106,6 +106,8 @@ def test_empty_names_a_file_that_a_write_creates_and_sizes(tmp_path: Path) -> No
     fn.parent.mkdir()
     t = Tensor.empty(4, 4, dtype=dtypes.float32, device=disk_name(fn))
     assert t.shape == (4, 4) and t.dtype == dtypes.float32
+    t.realize()
+    assert not fn.exists()  # naming a file makes none: the first write does
     t[1:3] = Tensor(np.full((2, 4), 2.5, np.float32))
     assert fn.stat().st_size == 64  # the whole tensor, though only rows 1 and 2 were written
     want = np.zeros((4, 4), np.float32)
