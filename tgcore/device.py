@@ -326,24 +326,38 @@ class _Device:
         self._instances: dict[str, Compiled] = {}
         self._default: Optional[str] = None
         self._status: dict[str, Optional[str]] = {}  # device or instance name -> None (usable) or why not
+        self._storage_only: dict[str, bool] = {}  # device or instance name -> DeviceSpec.storage_only
         plugins.on_change.append(self._reset)
 
     def _reset(self) -> None:
         self._instances.clear()
         self._status.clear()
+        self._storage_only.clear()
         self._default = None
 
     @staticmethod
     def canonicalize(name: Optional[str]) -> str:
-        """Upper case, `:0` dropped: "mydev" -> "MYDEV", "mydev:0" -> "MYDEV", "mydev:1" -> "MYDEV:1"."""
+        """Upper case, `:0` dropped: "mydev" -> "MYDEV", "mydev:0" -> "MYDEV", "mydev:1" -> "MYDEV:1"; a device whose
+        instances are named by a path keeps the path as written: "disk:/tmp/X" -> "DISK:/tmp/X"."""
         if name is None:
             return Device.DEFAULT
         if not isinstance(name, str) or not name:
             raise ValueError(f"device name must be a non-empty string, got {name!r}")
         base, _, index = name.partition(":")
-        if index and not index.isdigit():
-            raise ValueError(f"bad device name {name!r}: expected NAME or NAME:N with N a number")
+        if index:
+            spec = Device.specs().get(base.upper())
+            if spec is not None and spec.path_instances:
+                return f"{base.upper()}:{index}"
+            if not index.isdigit():
+                raise ValueError(f"bad device name {name!r}: expected NAME or NAME:N with N a number")
         return base.upper() + (f":{int(index)}" if index and int(index) != 0 else "")
+
+    def storage_only(self, name: str) -> bool:
+        """Whether device `name` (canonical) only holds data and runs no kernels (DeviceSpec.storage_only)."""
+        if (known := self._storage_only.get(name)) is None:
+            spec = self.specs().get(name.split(":")[0]) if isinstance(name, str) else None  # (or devices of a shard)
+            known = self._storage_only[name] = spec is not None and spec.storage_only
+        return known
 
     def specs(self) -> dict[str, DeviceSpec]:
         plugins.load()
@@ -375,7 +389,8 @@ class _Device:
             except Exception as e:
                 reason = f"probe raised {type(e).__name__}: {e}"
             if reason is None:
-                missing = [p[3:] for p in _PARTS if plugins.part(p, base) is None]
+                needed = ("tg_allocator",) if specs[base].storage_only else _PARTS  # storage runs no kernels
+                missing = [p[3:] for p in needed if plugins.part(p, base) is None]
                 reason = f"no plugin provides its {', '.join(missing)}" if missing else None
         self._status[base] = reason
         return reason
@@ -399,9 +414,11 @@ class _Device:
         return inst
 
     def available(self) -> list[str]:
-        """Names of the usable devices, highest priority first."""
+        """Names of the usable devices that run kernels, highest priority first (a storage-only device, such as
+        DISK, holds data for them and is not listed)."""
         specs = self.specs()
-        return sorted((n for n in specs if self.status(n) is None), key=lambda n: -specs[n].priority)
+        usable = (n for n in specs if not specs[n].storage_only and self.status(n) is None)
+        return sorted(usable, key=lambda n: -specs[n].priority)
 
     @property
     def DEFAULT(self) -> str:
@@ -417,8 +434,8 @@ class _Device:
         """The default device and why it was chosen."""
         if env := os.environ.get("DEVICE"):
             return self.canonicalize(env), "set by DEVICE"
-        for name in self.specs():
-            if os.environ.get(name, "") not in ("", "0"):
+        for name, spec in self.specs().items():
+            if not spec.storage_only and os.environ.get(name, "") not in ("", "0"):
                 return name, f"set by {name}={os.environ[name]}"
         available = self.available()
         if not available:

@@ -145,6 +145,10 @@ class LazyBuffer:
     def contiguous(self) -> LazyBuffer:
         """This data in a buffer of its own, laid out contiguously (a no-op when it already is)."""
         if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
+            if Device.storage_only(self.device):  # no kernel: a Buffer over the same bytes, if they are one run
+                from tgcore.runtime import disk
+
+                return disk.contiguous(self)
             return self._new(LoadOps.CONTIGUOUS, None, (self,))
         if self.base.realized is None:
             self.base.forced_realize = True  # a kernel boundary: this base gets a buffer of its own
@@ -154,6 +158,10 @@ class LazyBuffer:
         """Convert each element to `dtype` (or reinterpret its bits when bitcast)."""
         if self.dtype == dtype:
             return self
+        if bitcast and Device.storage_only(self.device):  # a view of the same bytes, no kernel
+            from tgcore.runtime import disk
+
+            return disk.bitcast(self, dtype)
         if bitcast and self.dtype.itemsize != dtype.itemsize:
             raise ValueError(f"cannot bitcast {self.dtype} to {dtype}: the item sizes differ")
         if self.is_unrealized_unmasked_const() and not bitcast and _foldable_cast(self.base.arg, dtype):
@@ -243,6 +251,10 @@ class LazyBuffer:
                 .reshape((1,) * len(self.shape))
                 .expand(self.shape)
             )
+        if self._base is not None and Device.storage_only(self.device):  # copies the bytes the view reads
+            from tgcore.runtime import disk
+
+            return disk.copy_to_device(self, device)
         src = self.contiguous()
         return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
 

@@ -7,7 +7,7 @@ hook is firstresult, so the first plugin that answers wins (use `tryfirst=True` 
 Discovery is lazy (on the first use of `Device`) and isolated (each plugin is loaded in its own try; a broken
 one is recorded with its cause and the others still load). Environment controls:
 `TGCORE_PLUGINS=a,b` loads only those entry points, `TGCORE_DISABLE_PLUGINS=a,b` skips those,
-`TGCORE_PLUGIN_AUTOLOAD=0` loads none (the built-in PYTHON device is always there).
+`TGCORE_PLUGIN_AUTOLOAD=0` loads none (the built-in PYTHON and DISK devices are always there).
 """
 
 from __future__ import annotations
@@ -65,6 +65,13 @@ class DeviceSpec:
     dtypes: tuple[DType, ...] = ALL_DTYPES
     tolerances: dict[DType, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     description: str = ""
+    # a device that only holds data (reads, writes, views and copies of its buffers) and runs no kernels: it needs
+    # only an allocator, it is never the default device nor in Device.available(), and the core refuses to compute
+    # on it with an error that says to copy the data to a compute device first (the built-in DISK device)
+    storage_only: bool = False
+    # instances are named by any text after the colon, kept as written ("DISK:/data/Weights.bin"), instead of by
+    # a number ("MYDEV:1"); only the device type before the colon is upper-cased
+    path_instances: bool = False
 
 
 class HookSpecs:
@@ -150,9 +157,12 @@ class PluginManager:
         if self.loaded:
             return
         self.loaded = True
-        from tgcore.runtime import python as python_device  # the built-in device, registered like any plugin
+        # the built-in devices, registered like any plugin
+        from tgcore.runtime import disk as disk_device
+        from tgcore.runtime import python as python_device
 
         self._add(python_device, "python", "builtin", _dist_version("tgcore"))
+        self._add(disk_device, "disk", "builtin", _dist_version("tgcore"))
         if os.environ.get("TGCORE_PLUGIN_AUTOLOAD", "1") == "0":
             return
         allow = _name_list(os.environ.get("TGCORE_PLUGINS"))

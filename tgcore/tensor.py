@@ -287,6 +287,10 @@ class Tensor:
         values (a base not computed yet is computed first). A pad or an expand is not a view of memory (numpy and
         torch make a new array): its tensor alone takes the new value. Assigning into a tensor of its own memory
         that is computed is lazy: the write happens when it is realized."""
+        if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # written now, any device
+            from tgcore.runtime import disk
+
+            return disk.assign(self, x)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
@@ -410,6 +414,11 @@ class Tensor:
     @staticmethod
     def _random_bits(n: int, device: str) -> Tensor:
         """`n` fresh uniformly distributed uint32 words on `device`."""
+        if Device.storage_only(device):  # (its counter would be written into the file, then no kernel could run)
+            raise ValueError(
+                f"{device} holds data and runs no kernels, so it cannot draw random numbers: draw them on a compute "
+                f"device and copy them, e.g. Tensor.rand(...).to({device!r})"
+            )
         if n >= 2**33:
             raise ValueError(f"cannot draw {n} random numbers at once: at most 2**33 - 1")
         counter = Tensor._rng_counters.get(device)
@@ -777,6 +786,11 @@ class Tensor:
 
     def _index_tensor(self, i: Any, dim: int, size: sint) -> Tensor:
         """An index list/array/Tensor for axis `dim` as an integer tensor with negative indices wrapped."""
+        if Device.storage_only(self.device):  # (an index tensor made on it would be written into its file)
+            raise IndexError(
+                f"{self.device} holds data and runs no kernels, and indexing with lists or tensors needs one: use "
+                "ints and slices, or copy the tensor to a compute device first"
+            )
         if isinstance(i, Tensor):
             if not dtypes.is_int(i.dtype):
                 raise IndexError(
@@ -844,6 +858,11 @@ class Tensor:
 
     def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
         """Write `v` (broadcast, cast to this dtype) into the indexed part: in place when this tensor is realized."""
+        if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # into the file, now
+            from tgcore.runtime import disk
+
+            disk.setitem(self, indices, v)
+            return
         if self.requires_grad:
             raise NotImplementedError("setitem on a tensor that requires grad is not supported: use where or pad")
         plan = self._index_plan(indices)

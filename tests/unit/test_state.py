@@ -126,6 +126,58 @@ def test_bfloat16_loads_as_float32_where_the_device_has_none(tmp_path: Path, mon
     np.testing.assert_array_equal(t.numpy(), [1.5, -2.25, np.inf])
 
 
+def test_safe_load_gives_disk_views_that_read_the_file_when_used(tmp_path: Path) -> None:
+    fn = tmp_path / "lazy.safetensors"
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.array([[7, -8]], np.int16)
+    safe_save({"a": Tensor(a), "b": Tensor(b)}, fn)
+    loaded = safe_load(fn)
+    for name, want in (("a", a), ("b", b)):
+        t = loaded[name]
+        assert t.device == f"DISK:{fn}" and t.shape == want.shape, name
+    raw, json_len, _ = safe_load_metadata(fn)
+    assert raw.device == f"DISK:{fn}" and raw.shape == (fn.stat().st_size,)
+    # the data changes in the file after loading: the tensors read it when used, not at safe_load
+    mm = np.memmap(fn, np.float32, "r+", offset=8 + json_len, shape=(6,))
+    mm[:] = -mm
+    mm.flush()
+    for device in ("PYTHON", "PYTHON:1"):
+        got = loaded["a"].to(device)
+        assert got.device == device
+        np.testing.assert_array_equal(got.numpy(), -a)
+    np.testing.assert_array_equal(loaded["b"].numpy(), b)
+    np.testing.assert_array_equal(loaded["a"][1].numpy(), -a[1])
+
+
+def test_safe_load_of_a_file_inside_a_bigger_file(tmp_path: Path) -> None:
+    inner = tmp_path / "inner.safetensors"
+    safe_save({"w": Tensor(np.arange(5, dtype=np.int64))}, inner)
+    outer = tmp_path / "outer.bin"
+    outer.write_bytes(b"prefix!" + inner.read_bytes() + b"suffix")
+    data = Tensor.empty(outer.stat().st_size, dtype=dtypes.uint8, device=f"disk:{outer}")
+    view = data[7 : 7 + inner.stat().st_size]  # a DISK tensor at byte 7 of another file
+    loaded = safe_load(view)
+    assert loaded["w"].device == f"DISK:{outer}"
+    np.testing.assert_array_equal(loaded["w"].numpy(), np.arange(5))
+
+
+def test_safe_save_over_a_loaded_file(tmp_path: Path) -> None:
+    fn = tmp_path / "ckpt.safetensors"
+    safe_save({"w": Tensor([1.0, 2.0]), "b": Tensor([3.0])}, fn)
+    old = safe_load(fn)
+    safe_save({"w": old["w"].to("PYTHON") * 10, "b": old["b"]}, fn)  # reads the old file while writing the new one
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.safetensors"]
+    new = safe_load(fn)
+    np.testing.assert_array_equal(new["w"].numpy(), [10.0, 20.0])
+    np.testing.assert_array_equal(new["b"].numpy(), [3.0])
+    np.testing.assert_array_equal(old["w"].numpy(), [1.0, 2.0])  # a loaded tensor keeps the file it was loaded from
+
+
+def test_safe_load_of_a_missing_file_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        safe_load(tmp_path / "missing.safetensors")
+    assert not (tmp_path / "missing.safetensors").exists()
+
+
 BAD_HEADERS = [
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 12]}}, b"\0" * 8, "begin <= end <="),
     ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "needs 12"),
@@ -248,7 +300,10 @@ def test_load_state_dict_round_trip_through_safetensors(tmp_path: Path) -> None:
     src, dst = Net(), Net()
     fn = tmp_path / "net.safetensors"
     safe_save(get_state_dict(src), fn)
-    load_state_dict(dst, safe_load(fn), verbose=False)
+    loaded = safe_load(fn)
+    assert all(t.device == f"DISK:{fn}" for t in loaded.values())
+    load_state_dict(dst, loaded, verbose=False)  # copied from the file to the model's devices
+    assert all(t.device == "PYTHON" for t in get_state_dict(dst).values())
     for (k, a), b in zip(get_state_dict(src).items(), get_state_dict(dst).values()):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=k)
 
@@ -564,6 +619,24 @@ def test_signatures_match_tinygrad(name: str) -> None:
     params = list(inspect.signature(getattr(nn_state, name)).parameters.values())
     got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
     assert got == STATE_SIGNATURES[name]
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_load_state_dict_from_safetensors_into_a_sharded_model(tmp_path: Path, axis: Optional[int]) -> None:
+    from tgcore.multi import MultiLazyBuffer
+
+    devices = ("PYTHON", "PYTHON:1")
+    weight = np.arange(12, dtype=np.float32).reshape(4, 3)
+    fn = tmp_path / "lin.safetensors"
+    safe_save({"weight": Tensor(weight), "bias": Tensor([1.0, 2.0, 3.0, 4.0])}, fn)
+    model = Linear(3, 4)
+    model.weight.shard_(devices, axis=axis)  # axis 1 shards columns: views of the file that are not one run of bytes
+    assert model.bias is not None
+    load_state_dict(model, safe_load(fn), verbose=False)
+    assert isinstance(model.weight.lazydata, MultiLazyBuffer) and model.weight.device == devices
+    np.testing.assert_array_equal(model.weight.numpy(), weight)
+    np.testing.assert_array_equal(model.bias.numpy(), [1, 2, 3, 4])
+    assert model.bias.device == "PYTHON"
 
 
 @pytest.mark.parametrize("axis", [None, 0])

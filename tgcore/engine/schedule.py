@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Optional
 
+from tgcore.device import Device
 from tgcore.lazy import LazyBuffer
 from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
 from tgcore.shape.shapetracker import ShapeTracker
@@ -268,6 +269,11 @@ class _KernelBuilder:
         if b.op in (LoadOps.EMPTY, LoadOps.COPY, LoadOps.CUSTOM):
             inputs = tuple(s.base for s in b.srcs)
             return ScheduleItem(LazyOp(b.op, (), b.arg), (b,), inputs)
+        if Device.storage_only(b.device):
+            raise RuntimeError(
+                f"device {b.device} only holds data and runs no kernels, but this tensor needs one ({b.op} on it): "
+                f"copy the data to a compute device first (t.to(Device.DEFAULT)) and compute there"
+            )
         # a fused reduce may reach this kernel through reshapes: index the kernel in the reduce's output shape
         fused = self.graph.fused_reduces.get(b)
         out_st = ShapeTracker.from_shape(b.shape)

@@ -2,7 +2,8 @@
 
 Loading never runs code from a file: safetensors headers are parsed as JSON with every offset checked, and
 PyTorch checkpoints are unpickled through an allow-list that can only rebuild tensors and containers.
-Loaded tensors are on the default device (tgcore has no DISK device); load_state_dict moves them to the model's.
+safe_load gives DISK tensors (views of the memory-mapped file, read when used); torch_load reads the checkpoint into
+tensors on the default device. load_state_dict copies each tensor to the device of the model's tensor.
 bfloat16 data loads as float32 where the default device has no bfloat16.
 """
 
@@ -100,30 +101,36 @@ safe_dtypes: dict[str, DType] = {
 inverse_safe_dtypes: dict[DType, str] = {v: k for k, v in safe_dtypes.items()}
 
 
-def _file_bytes(fn: Union[Tensor, PathLike]) -> tuple[np.ndarray, str]:
-    """The bytes of a file (memory-mapped, read-only) or of a uint8 tensor, and a name for error messages."""
+def _file_tensor(fn: Union[Tensor, PathLike]) -> tuple[Tensor, str]:
+    """The bytes of a file as a 1-d uint8 DISK tensor (mapped, nothing read yet), or the given uint8 tensor; and a
+    name for error messages."""
     if isinstance(fn, Tensor):
         if fn.dtype != dtypes.uint8 or fn.ndim != 1:
             raise ValueError(f"expected a 1-d uint8 tensor of a file's bytes, got {fn.dtype} of shape {fn.shape}")
-        return fn.numpy(), "the tensor"
+        return fn, "the tensor"
     name = os.fspath(fn)
-    if os.path.getsize(name) == 0:
-        return np.zeros(0, dtype=np.uint8), repr(name)
-    return np.memmap(name, dtype=np.uint8, mode="r"), repr(name)
+    size = os.path.getsize(name)  # (a missing file raises here, with its name)
+    return Tensor.empty(size, dtype=dtypes.uint8, device=f"disk:{os.path.abspath(name)}"), repr(name)
 
 
-def _safetensors_header(data: np.ndarray, what: str) -> tuple[int, dict[str, Any]]:
+def _read(data: Tensor, begin: int, end: int) -> bytes:
+    """Bytes begin..end of a uint8 tensor (from a DISK tensor, only those bytes are read from the file)."""
+    return data[begin:end].numpy().tobytes() if end > begin else b""
+
+
+def _safetensors_header(data: Tensor, what: str) -> tuple[int, dict[str, Any]]:
     """(header length, header) of safetensors bytes, checking the length and that the header is a JSON object."""
-    if len(data) < 8:
-        raise ValueError(f"{what} is not a safetensors file: {len(data)} bytes, fewer than the 8-byte header length")
-    json_len = int.from_bytes(data[:8].tobytes(), "little")
-    if json_len > len(data) - 8:
+    size = data.nbytes()
+    if size < 8:
+        raise ValueError(f"{what} is not a safetensors file: {size} bytes, fewer than the 8-byte header length")
+    json_len = int.from_bytes(_read(data, 0, 8), "little")
+    if json_len > size - 8:
         raise ValueError(
             f"{what} is not a valid safetensors file: its header claims {json_len} bytes but the file has only "
-            f"{len(data) - 8} after the length field (truncated or not a safetensors file)"
+            f"{size - 8} after the length field (truncated or not a safetensors file)"
         )
     try:
-        header = json.loads(data[8 : 8 + json_len].tobytes().decode("utf-8"))
+        header = json.loads(_read(data, 8, 8 + json_len).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{what} is not a valid safetensors file: its header is not UTF-8 JSON ({e})") from e
     if not isinstance(header, dict):
@@ -167,20 +174,41 @@ def _safetensors_entries(header: dict[str, Any], data_len: int, what: str) -> li
 
 
 def safe_load_metadata(fn: Union[Tensor, PathLike]) -> tuple[Tensor, int, Any]:
-    """(the file's bytes as a uint8 tensor, the header length, the parsed JSON header) of a .safetensors file."""
-    data, what = _file_bytes(fn)
+    """(the file's bytes as a uint8 tensor, the header length, the parsed JSON header) of a .safetensors file; for a
+    path the tensor is on DISK, and only the header has been read."""
+    data, what = _file_tensor(fn)
     json_len, header = _safetensors_header(data, what)
-    return (fn if isinstance(fn, Tensor) else Tensor(np.asarray(data))), json_len, header
+    return data, json_len, header
+
+
+def _disk_entry(data: Tensor, dt: DType, shape: tuple, begin: int, end: int) -> Tensor:
+    """One tensor of a safetensors file on DISK: a view of its bytes, read when it is used."""
+    raw = data[begin:end]
+    if dt == dtypes.bfloat16 and not _default_device_has(dtypes.bfloat16):
+        # widened to float32 (exactly) on the default device, when first used: only this tensor's bytes are read
+        bits = raw.bitcast(dtypes.uint16).to(Device.DEFAULT).cast(dtypes.uint32)
+        return (bits << 16).bitcast(dtypes.float32).reshape(shape)
+    return raw.bitcast(dt).reshape(shape)
 
 
 def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
-    """The tensors of a .safetensors file (a path, or its bytes as a uint8 tensor), by name, in file order."""
-    data, what = _file_bytes(fn)
+    """The tensors of a .safetensors file (a path, or its bytes as a uint8 tensor), by name, in file order.
+
+    From a path (or a DISK tensor) each tensor is a DISK view of its bytes in one mapping of the file: nothing but the
+    header is read until a tensor is used, so a file larger than memory can be opened and parts of it copied to a
+    device (`safe_load(path)[name].to(device)` reads just that tensor). bool bytes are taken as stored, as in
+    safetensors. From the bytes on another device the file is read once and each tensor copied.
+    """
+    data, what = _file_tensor(fn)
     json_len, header = _safetensors_header(data, what)
     start = 8 + json_len
+    entries = _safetensors_entries(header, data.nbytes() - start, what)
+    if isinstance(data.device, str) and Device.storage_only(data.device):
+        return {name: _disk_entry(data, dt, shape, start + b, start + e) for name, dt, shape, b, e in entries}
+    raw_bytes = data.numpy()  # bytes on a compute device: views of another item size need DISK, so copy each
     ret: dict[str, Tensor] = {}
-    for name, dt, shape, begin, end in _safetensors_entries(header, len(data) - start, what):
-        raw = np.frombuffer(data[start + begin : start + end], dtype=_file_np_dtype(dt)).reshape(shape)
+    for name, dt, shape, begin, end in entries:
+        raw = np.frombuffer(raw_bytes[start + begin : start + end], dtype=_file_np_dtype(dt)).reshape(shape)
         ret[name] = _tensor_from_file_array(raw, dt)
     return ret
 
