@@ -77,3 +77,57 @@ def test_unbound_variable_argument_is_an_error():
 
     with pytest.raises(JitError, match="bound"):
         f(Tensor([1.0]), Variable("j", 1, 4))
+
+
+def test_unrealized_outputs_in_a_list_or_dict_are_realized_and_replayed():
+    @TinyJit
+    def f(x: Tensor) -> dict:
+        return {"double": [x * 2, x + 1], "neg": -x}
+
+    for i in range(5):
+        xn = np.full(3, i, np.float32)
+        out = f(Tensor(xn))
+        np.testing.assert_array_equal(out["double"][0].numpy(), xn * 2)
+        np.testing.assert_array_equal(out["double"][1].numpy(), xn + 1)
+        np.testing.assert_array_equal(out["neg"].numpy(), -xn)
+
+
+def test_the_same_tensor_twice_is_an_error():
+    @TinyJit
+    def f(a: Tensor, b: Tensor) -> Tensor:
+        return (a + b).realize()
+
+    x = Tensor([1.0, 2.0]).realize()
+    with pytest.raises(JitError, match="same tensor"):
+        for _ in range(3):
+            f(x, x)
+    g = TinyJit(lambda a, b: (a * b).realize())
+    for _ in range(3):
+        g(Tensor([1.0, 2.0]).realize(), Tensor([3.0, 4.0]).realize())
+    with pytest.raises(JitError, match="same tensor"):
+        g(x, x)
+
+
+def test_an_input_of_another_layout_is_an_error():
+    @TinyJit
+    def f(a: Tensor) -> Tensor:
+        return (a * 2).realize()
+
+    base = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+    for i in range(3):
+        np.testing.assert_array_equal(f(base[:, 1:3]).numpy(), np.arange(12).reshape(3, 4)[:, 1:3] * 2)
+    with pytest.raises(JitError, match="layout"):
+        f(base[:, 2:4])
+    with pytest.raises(JitError, match="layout"):
+        f(Tensor.ones(3, 2).contiguous().realize())
+
+
+def test_keyword_arguments_in_another_order_replay():
+    @TinyJit
+    def f(*, a: Tensor, b: Tensor) -> Tensor:
+        return (a - b).realize()
+
+    for i in range(4):
+        an, bn = np.full(2, 10.0 + i, np.float32), np.full(2, float(i), np.float32)
+        out = f(a=Tensor(an), b=Tensor(bn)) if i % 2 else f(b=Tensor(bn), a=Tensor(an))
+        np.testing.assert_array_equal(out.numpy(), an - bn)

@@ -36,7 +36,43 @@ def _is_tensor(v: Any) -> bool:
 
 
 def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    return [v for v in (*args, *kwargs.values()) if _is_tensor(v)]
+    """The tensor arguments: positional ones in order, then keyword ones by name (so any keyword order replays)."""
+    return [v for v in (*args, *(kwargs[k] for k in sorted(kwargs))) if _is_tensor(v)]
+
+
+def _tensors_out(ret: Any) -> list[Any]:
+    """The tensors a function returned, alone or in (nested) tuples, lists and dict values."""
+    out, stack = [], [ret]
+    while stack:
+        v = stack.pop()
+        if _is_tensor(v):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+    return out
+
+
+def _layout(t: Any) -> Any:
+    """How a tensor argument reads its memory: its tracker with the Variables unbound (a base's is contiguous)."""
+    lb = t.lazydata
+    lbs = getattr(lb, "lbs", None)
+    return tuple(x.st.unbind()[0] for x in lbs) if lbs is not None else lb.st.unbind()[0]
+
+
+def _check_distinct(tensors: list[Any], name: str) -> None:
+    """Raise JitError if two tensor arguments share memory: a replay could give each its own buffer only by chance."""
+    seen: dict[int, int] = {}
+    for i, t in enumerate(tensors):
+        lb = t.lazydata
+        for x in getattr(lb, "lbs", [lb]):
+            j = seen.setdefault(id(x.base), i)
+            if j != i:
+                raise JitError(
+                    f"{name} got the same tensor (or views of one memory) as tensor arguments {j} and {i}: a jitted "
+                    "function needs distinct inputs (pass a .contiguous().realize() copy of one)"
+                )
 
 
 def _plain(v: Any) -> Any:
@@ -81,30 +117,47 @@ class TinyJit(Generic[ReturnType]):
         self.input_places: list[tuple[int, int, int]] = []
         self.launches: list[tuple[Any, Any]] = []
         self.signature: list[_InputSignature] = []
+        self.layouts: list[Any] = []
+        self.plain_inputs = False  # whether every recorded input was its own contiguous buffer (the fast replay)
         self.ret: Any = None
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return functools.partial(self.__call__, obj) if obj is not None else self
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
-        if self.cnt == 2 and JIT.value and (fast := _realized_inputs(args, kwargs)) is not None:
+        if self.cnt == 2 and JIT.value and self.plain_inputs and (fast := _realized_inputs(args, kwargs)) is not None:
             return self._replay_buffers(*fast)
+        layouts = [_layout(t) for t in _tensors_in(args, kwargs)]
         args = tuple(_plain(a) for a in args)
         kwargs = {k: _plain(v) for k, v in kwargs.items()}
         tensors = _tensors_in(args, kwargs)
         var_vals = _variables_in(args, kwargs)
         if not JIT:
             return self.fxn(*args, **kwargs)
+        _check_distinct(tensors, self._name)
         if self.cnt == 0:
             self.cnt = 1
             return self._run_and_realize(args, kwargs)
         if self.cnt == 1:
-            return self._capture(args, kwargs, tensors)
+            ret = self._capture(args, kwargs, tensors)
+            self.layouts = layouts
+            self.plain_inputs = all(lay == _layout(t) for lay, t in zip(layouts, tensors))
+            return ret
+        if layouts != self.layouts:
+            raise JitError(
+                f"{self._name} was recorded for inputs that read their memory as "
+                f"{[lay for lay in self.layouts]} but got {[lay for lay in layouts]}: pass tensors of the same layout "
+                "(e.g. .contiguous() ones), or call .reset() to record again"
+            )
         return self._replay(tensors, var_vals)
+
+    @property
+    def _name(self) -> str:
+        return f"jitted function {getattr(self.fxn, '__name__', '?')}"
 
     def _run_and_realize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ReturnType:
         ret = self.fxn(*args, **kwargs)
-        outs = _tensors_in(ret if isinstance(ret, tuple) else (ret,), {})
+        outs = _tensors_out(ret)
         if outs:
             outs[0].realize(*outs[1:])
         return ret
@@ -140,6 +193,8 @@ class TinyJit(Generic[ReturnType]):
 
     def _replay_buffers(self, lbs: list[Any], var_vals: dict[Variable, int]) -> ReturnType:
         """The replay of plain realized inputs: launch the recorded programs directly, without the lazy graph."""
+        if len(lbs) > 1 and len({id(lb) for lb in lbs}) != len(lbs):
+            _check_distinct([_TensorView(lb) for lb in lbs], self._name)
         # one list comparison (tuples compare items by identity first: no DType.__eq__ call for the same dtype)
         if [(lb.shape, lb.dtype, lb.device) for lb in lbs] != self.exact_signature:
             return self._replay([_TensorView(lb) for lb in lbs], var_vals)  # symbolic shapes, or a wrong call
@@ -194,7 +249,7 @@ def _realized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[
             return [lb], {}
     lbs: list[Any] = []
     var_vals: dict[Variable, int] = {}
-    for v in (*args, *kwargs.values()) if kwargs else args:
+    for v in (*args, *(kwargs[k] for k in sorted(kwargs))) if kwargs else args:
         if (lb := getattr(v, "lazydata", None)) is not None and hasattr(v, "realize"):  # a tensor
             if getattr(lb, "_base", True) is not None or lb.realized is None:
                 return None
