@@ -3,7 +3,7 @@ so code written for either catches them."""
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "AxisError"]
+__all__ = ["ShapeError", "AxisError", "IndexOutOfRangeError", "InvalidValueError"]
 
 
 class ShapeError(ValueError, RuntimeError):
@@ -14,3 +14,13 @@ class ShapeError(ValueError, RuntimeError):
 class AxisError(ValueError, IndexError):
     """An axis out of range for the tensor's dimensions, or named twice: numpy's AxisError is both a ValueError and an
     IndexError, torch raises IndexError (or RuntimeError for a repeated dim)."""
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """A value of an index tensor (or a class label) outside its axis, found on the device when the result is
+    realized: numpy raises IndexError, torch IndexError or RuntimeError."""
+
+
+class InvalidValueError(ValueError, RuntimeError):
+    """Data an operation cannot take, found on the device when the result is realized (e.g. a negative multinomial
+    weight): numpy raises ValueError, torch RuntimeError."""

@@ -23,6 +23,11 @@ from tgcore.shape.view import _plain_ints
 class LazyBuffer:
     """A lazily computed array on a device: a base with an op, or a view of a base."""
 
+    # checks of the data this base is computed from (engine/schedule.py): (a 0-d int32 count of invalid values, the
+    # error to raise when it is not 0, its message); realizing the base, or anything read from it, computes each
+    # count first, on the device, and raises before any kernel that reads the invalid data runs
+    checks: tuple[tuple[LazyBuffer, type, str], ...] = ()
+
     def __init__(
         self,
         device: str,

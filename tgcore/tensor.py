@@ -16,9 +16,9 @@ from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from tgcore.engine.realize import run_schedule
 from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
-from tgcore.errors import AxisError, ShapeError
+from tgcore.errors import AxisError, IndexOutOfRangeError, InvalidValueError, ShapeError
 from tgcore.function import Function
-from tgcore.helpers import all_int, argfix, flatten, make_pair, prod
+from tgcore.helpers import ContextVar, all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
@@ -535,11 +535,20 @@ class Tensor:
         if not replacement and num_samples != 1:
             raise ValueError("multinomial without replacement draws only one sample (as in tinygrad 0.9.0)")
         weights = self.unsqueeze(0) if self.ndim == 1 else self
+        if dtypes.is_float(weights.dtype):
+            invalid = ((weights < 0) | (weights != weights) | (weights.abs() == math.inf)).sum(1) > 0
+        else:
+            invalid = (weights < 0).sum(1) > 0
+        invalid = invalid | (weights.float().sum(1) <= 0)
         cdf = weights.float().cumsum(1)
         cdf = cdf / cdf[:, -1:]
         u = Tensor.rand(weights.shape[0], num_samples, 1, device=self.device)
         # the index is how many cumulative bounds the draw passes; a draw that passes them all takes the last
         idx = (u >= cdf.unsqueeze(1)).sum(2).minimum(self.shape[-1] - 1).cast(dtypes.int32)
+        idx = _with_check(
+            idx, invalid, "multinomial needs finite, non-negative weights with a positive sum in every row",
+            InvalidValueError,
+        )
         return Tensor(idx.lazydata if self.ndim == 2 else idx[0].lazydata, device=self.device)
 
     @staticmethod
@@ -799,7 +808,11 @@ class Tensor:
                 )
             if i.device != self.device:
                 raise IndexError(f"index tensor is on {i.device}, the tensor on {self.device}")
-            return (i < 0).where(i + size, i)
+            wrapped = (i < 0).where(i + size, i)
+            if isinstance(size, int):  # checked on the device when the result is realized
+                bad = (i < -size) | (i >= size)
+                wrapped = _with_check(wrapped, bad, f"index out of bounds for axis {dim} with size {size}")
+            return wrapped
         arr = np.asarray(i)
         if arr.dtype == np.bool_:
             raise IndexError(f"boolean mask index on axis {dim} is not supported: use Tensor.where or masked_fill")
@@ -981,7 +994,8 @@ class Tensor:
         x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
         idx = (index < 0).where(index + n, index)
         hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
-        return hit.where(x, 0).sum(-1).cast(self.dtype)
+        out = hit.where(x, 0).sum(-1).cast(self.dtype)
+        return _with_check(out, (index < -n) | (index >= n), f"gather index out of bounds for axis {d} with size {n}")
 
     def masked_fill(self, mask: Tensor, value: Union[Tensor, ConstType]) -> Tensor:
         """`value` where `mask` is True, else self."""
@@ -1406,7 +1420,9 @@ class Tensor:
         """1 at each value's position along a new last axis of `num_classes` (int32)."""
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"one_hot needs num_classes >= 1, got {num_classes!r}")
-        return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
+        out = (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
+        bad = (self < 0) | (self >= num_classes)
+        return _with_check(out, bad, f"one_hot class values must be in [0, {num_classes})")
 
     def sparse_categorical_crossentropy(
         self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0
@@ -1414,9 +1430,12 @@ class Tensor:
         """Mean cross-entropy of logits `self` (N, C) against integer labels Y (N,)."""
         log_probs = self.log_softmax()
         mask = Y != ignore_index
-        y = (Y.unsqueeze(-1) == Tensor.arange(self.shape[-1], device=self.device)) * mask.unsqueeze(-1)
+        classes = self.shape[-1]
+        y = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)) * mask.unsqueeze(-1)
         smoothing = label_smoothing * (log_probs.mean(-1) * mask).sum()
-        return -((1 - label_smoothing) * (log_probs * y).sum() + smoothing) / mask.sum()
+        loss = -((1 - label_smoothing) * (log_probs * y).sum() + smoothing) / mask.sum()
+        bad = mask & ((Y < 0) | (Y >= classes))
+        return _with_check(loss, bad, f"a label is out of range for {classes} classes (ignore_index={ignore_index})")
 
     # ***** unary math *****
 
@@ -2079,6 +2098,29 @@ _WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32,
 
 
 _REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum class runs Python code)
+
+
+CHECK_DATA = ContextVar("CHECK_DATA", 1)  # 0: no checks of index and label values on the device (bench/ measures them)
+
+
+def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOfRangeError) -> Tensor:
+    """`out`, checked when it is realized: `bad` (True where the data is invalid) is counted first, on the device,
+    and a count above 0 raises `error` before any kernel reads the invalid data (engine/schedule.py)."""
+    lb = out.lazydata
+    if not CHECK_DATA.value or not isinstance(lb, LazyBuffer) or bad.numel() == 0:
+        return out
+    count = bad.cast(dtypes.int32).sum()
+    if count.lazydata.is_unrealized_const():  # known now
+        if count.lazydata.base.arg:
+            raise error(message)
+        return out
+    base = lb.base
+    if base.realized is not None or base.op is LoadOps.CONST:  # no computation to attach to: count now
+        if count.item():
+            raise error(message)
+        return out
+    base.checks = (*base.checks, (count.lazydata, error, message))
+    return out
 
 
 def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:

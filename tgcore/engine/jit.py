@@ -117,6 +117,7 @@ class TinyJit(Generic[ReturnType]):
         self.input_places: list[tuple[int, int, int]] = []
         self.launches: list[tuple[Any, Any]] = []
         self.signature: list[_InputSignature] = []
+        self.has_checks = False
         self.layouts: list[Any] = []
         self.plain_inputs = False  # whether every recorded input was its own contiguous buffer (the fast replay)
         self.ret: Any = None
@@ -173,6 +174,7 @@ class TinyJit(Generic[ReturnType]):
             raise JitError(f"{getattr(self.fxn, '__name__', 'the function')} ran no kernel: nothing to jit")
         buffers = {id(t.lazydata.base.realized): i for i, t in enumerate(tensors)}
         self.jit_cache = recorded
+        self.has_checks = any(ei.check is not None for ei in recorded)
         self.input_places = []
         for j, ei in enumerate(recorded):
             for k, b in enumerate(ei.bufs):
@@ -201,7 +203,7 @@ class TinyJit(Generic[ReturnType]):
         cache = self.jit_cache
         for j, k, i in self.input_places:
             cache[j].bufs[k] = lbs[i].realized
-        if DEBUG.value >= 2:
+        if DEBUG.value >= 2 or self.has_checks:  # (ExecItem.run prints, and raises a check's error)
             for ei in cache:
                 ei.run(var_vals)
             return self.ret

@@ -253,9 +253,21 @@ class ExecItem:
 
     prg: Runner
     bufs: list[Buffer]
+    # a check's kernel (engine/schedule.py): (error, message), raised after the run when its 1-element count is not 0
+    check: Optional[tuple[type, str]] = None
 
     def run(self, var_vals: Optional[dict[Variable, int]] = None, wait: bool = False) -> Optional[float]:
-        return _run(self.prg, self.bufs, var_vals or {}, wait)
+        et = _run(self.prg, self.bufs, var_vals or {}, wait)
+        if self.check is not None:
+            raise_if_counted(self.bufs[0], self.check)
+        return et
+
+
+def raise_if_counted(buffer: Buffer, check: tuple[type, str]) -> None:
+    """Raise the check's error if its count (a 1-element int32 buffer) is not 0."""
+    if (n := int(buffer.numpy()[0])) != 0:
+        error, message = check
+        raise error(f"{message} (found {n} time{'s' if n != 1 else ''})")
 
 
 def _run(prg: Runner, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool) -> Optional[float]:
@@ -300,11 +312,16 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
     for si in schedule:
         if _capturing:  # TinyJit records the ExecItem
             ei = lower_schedule_item(si)
+            ei.check = si.check
             capturing = _capturing[-1]
-            ei.run(vals)
+            _run(ei.prg, ei.bufs, vals, False)
             capturing(ei, vals)
+            if si.check is not None:
+                raise_if_counted(ei.bufs[0], si.check)
         elif si.ast.op is BufferOps.STORE:  # a kernel: launched without an ExecItem (what lower_schedule_item does)
             _run(get_runner(si.outputs[0].device, si.ast), [*si.bufs], vals, False)
+            if si.check is not None:
+                raise_if_counted(si.outputs[0].buffer, si.check)
         else:
             lower_schedule_item(si).run(vals)
         for out in si.outputs:

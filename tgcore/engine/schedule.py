@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any, Optional
 
 from tgcore.device import Device
+from tgcore.engine.realize import raise_if_counted
 from tgcore.lazy import LazyBuffer
 from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
 from tgcore.shape.shapetracker import ShapeTracker
@@ -59,6 +60,8 @@ class ScheduleItem:
     outputs: tuple[LazyBuffer, ...]
     inputs: tuple[LazyBuffer, ...]
     var_vals: dict[Variable, int] = field(default_factory=dict)
+    # for the kernel of a check (LazyBuffer.checks): (the error, its message), raised when its output is not 0
+    check: Optional[tuple[type, str]] = None
 
     @property
     def bufs(self) -> tuple[Any, ...]:
@@ -88,8 +91,12 @@ class _Graph:
         self.expanded_reads: list[tuple[LazyBuffer, LazyBuffer]] = []  # (elementwise base, its reader)
         self.pad_safe: dict[LazyBuffer, bool] = {}
         self.post_order: list[LazyBuffer] = []  # every unrealized base, its sources first
+        self.checks: dict[LazyBuffer, tuple[type, str]] = {}  # count of invalid values -> (error, message)
         for b in outs:
             self._walk(b)
+        for count in list(self.checks):  # the checks' own kernels (an index computed in this schedule is read twice)
+            self.realizes[count] = None
+            self._walk(count)
         for b in self.seen:
             if b.op in ReduceOps:
                 self.realizes[b] = None
@@ -163,6 +170,11 @@ class _Graph:
 
     def _enter(self, b: LazyBuffer) -> None:
         self.seen[b] = None
+        for count, error, message in b.checks:
+            if count.base.realized is not None:  # computed for an earlier realize that stopped at it
+                raise_if_counted(count.base.buffer, (error, message))
+            else:
+                self.checks[count.base] = (error, message)
         if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
             self.realizes[b] = None
 
@@ -354,7 +366,7 @@ def _graph_key(
                     stack.append((sb, False))
             continue
         op, arg = b.op, b.arg
-        if op not in _CACHEABLE:
+        if op not in _CACHEABLE or b.checks:
             return None
         if isinstance(arg, Node) or not _plain_ints(b.shape):
             return None
@@ -410,7 +422,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
             parts.append((const, _arg_key(arg), sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
         srcs.append((True, index, st))
     op, arg = b.op, b.arg
-    if op not in _CACHEABLE:
+    if op not in _CACHEABLE or b.checks:
         return None
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
@@ -440,6 +452,8 @@ def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[Lazy
 def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     graph = _Graph(bases)
     items: dict[LazyBuffer, ScheduleItem] = {b: _KernelBuilder(graph, b).build() for b in graph.realizes}
+    for count, check in graph.checks.items():
+        items[count].check = check
     # an ASSIGN must run after every other kernel that reads the old contents of its target
     after: dict[LazyBuffer, list[LazyBuffer]] = {b: [x for x in items[b].inputs if x in items] for b in items}
     for b, si in items.items():
@@ -460,7 +474,7 @@ def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[
         state[b] = 2
         order.append(items[b])
 
-    for b in items:
+    for b in (*graph.checks, *items):  # the checks first: nothing that reads invalid data runs before them
         visit(b)
     var_vals: dict[Variable, int] = {}
     for si in order:

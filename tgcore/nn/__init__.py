@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 from tgcore.helpers import all_int, prod
 from tgcore.nn import optim, state  # noqa: F401  (tinygrad exposes them as nn.optim and nn.state)
-from tgcore.tensor import Tensor
+from tgcore.tensor import Tensor, _with_check
 
 __all__ = [
     "BatchNorm2d",
@@ -285,4 +285,6 @@ class Embedding:
         # the arange is not stored on the layer so that it never shows up in the state dict
         vocab = Tensor.arange(self.vocab_sz, requires_grad=False, device=self.weight.device).reshape(self.vocab_sz, 1)
         hit = idx.reshape(*idx.shape, 1, 1) == vocab
-        return hit.where(self.weight, 0).sum(-2)
+        out = hit.where(self.weight, 0).sum(-2)
+        bad = (idx < 0) | (idx >= self.vocab_sz)
+        return _with_check(out, bad, f"Embedding index out of range for {self.vocab_sz} rows")
