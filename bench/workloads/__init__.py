@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from bench.workloads import conv, dispatch, elementwise, first_call, matmul, reduce, train
+from bench.workloads import checks, conv, dispatch, elementwise, first_call, matmul, reduce, train
 
 WORKLOADS: dict[str, ModuleType] = {
     "a": matmul,
@@ -14,4 +14,5 @@ WORKLOADS: dict[str, ModuleType] = {
     "e": dispatch,
     "f": train,
     "g": first_call,
+    "i": checks,
 }
