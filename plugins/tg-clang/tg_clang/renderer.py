@@ -135,11 +135,20 @@ def _max_vector(scalar: str, n: int) -> str:
 # Each operation computes in float and rounds the result to the dtype (a single + - * / or sqrt of float16 or
 # bfloat16 values computed in float and rounded is correctly rounded: float has more than 2p + 2 bits), so results do
 # not depend on the compiler, its flags or the CPU's fp16 support (GCC keeps _Float16 products in float within an
-# expression where the CPU lacks AVX512-FP16; clang 14 refuses _Float16 there). Conversions to float16 use the F16C
-# instructions where the target has them, else integer arithmetic on the bits; both round to nearest even
+# expression where the CPU lacks AVX512-FP16; clang 14 refuses _Float16 there). The conversions to and from float16
+# are C casts to _Float16 where the compiler has the type and the target the instructions (GCC 12+, clang 15+ with
+# F16C or AVX512-FP16: the compiler vectorizes them, a 2048 x 1024 a*a+a in 0.3 ms with AVX512-FP16, 5 ms with F16C),
+# else the F16C instructions one value at a time (9 ms), else integer arithmetic on the bits (13 ms; GCC's _Float16
+# casts without F16C call libgcc, 73 ms); every form rounds to nearest even
 _NARROW_FLOATS = r"""static inline unsigned tg_f2u(float x) { unsigned u; __builtin_memcpy(&u, &x, 4); return u; }
 static inline float tg_u2f(unsigned u) { float x; __builtin_memcpy(&x, &u, 4); return x; }
-#if defined(__F16C__) && __has_builtin(__builtin_ia32_vcvtps2ph) && __has_builtin(__builtin_ia32_vcvtph2ps)
+#if defined(__AVX512FP16__) || (defined(__F16C__) && (defined(__clang__) ? __clang_major__ >= 15 : __GNUC__ >= 12))
+static inline float tg_h2f(unsigned short h) { _Float16 f; __builtin_memcpy(&f, &h, 2); return (float)f; }
+static inline unsigned short tg_f2h(float x) {
+  _Float16 f = (_Float16)x; unsigned short h; __builtin_memcpy(&h, &f, 2); return h;
+}
+static inline float tg_round_half(float x) { return (float)(_Float16)x; }
+#elif defined(__F16C__) && __has_builtin(__builtin_ia32_vcvtps2ph) && __has_builtin(__builtin_ia32_vcvtph2ps)
 typedef float tg_f16c_f4 __attribute__((vector_size(16)));
 typedef short tg_f16c_h8 __attribute__((vector_size(16)));
 static inline unsigned short tg_f2h(float x) {
@@ -181,10 +190,10 @@ static inline float tg_d2h(double d) {
 }
 static inline float tg_bf2f(unsigned short h) { return tg_u2f((unsigned)h << 16); }
 static inline unsigned short tg_f2bf(float x) { return (unsigned short)(tg_f2u(x) >> 16); } /* x: a bfloat16 */
-static inline float tg_round_bf16(float x) { /* to nearest even; a NaN stays a (quiet) NaN */
-  unsigned b = tg_f2u(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return tg_u2f((b | 0x00400000u) & 0xffff0000u);
-  return tg_u2f((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+static inline float tg_round_bf16(float x) { /* to nearest even; a NaN stays a (quiet) NaN. A select, not a branch:
+  both compilers vectorize it (clang 2 ms instead of 9 for a 2048 x 1024 a*a+a) */
+  unsigned b = tg_f2u(x), r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return tg_u2f((b & 0x7fffffffu) > 0x7f800000u ? (b | 0x00400000u) & 0xffff0000u : r);
 }
 """
 

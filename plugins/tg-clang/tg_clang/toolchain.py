@@ -66,11 +66,18 @@ class Toolchain:
 
     @staticmethod
     def resolve(cc: Optional[str] = None, march: Optional[str] = None) -> Toolchain:
-        """The toolchain of compiler `cc` (default: find_compiler()) for `march` (default: march_from_env()).
+        """The toolchain of compiler `cc` (a name on PATH or a path; default: find_compiler()) for `march` (default:
+        march_from_env()).
 
-        FileNotFoundError without a compiler, ValueError for a malformed march, CompileError when the compiler
+        FileNotFoundError without the compiler, ValueError for a malformed march, CompileError when the compiler
         rejects the march."""
-        return _resolve(cc if cc is not None else find_compiler(), march if march is not None else march_from_env())
+        if cc is None:
+            path = find_compiler()
+        elif (found := shutil.which(cc)) is not None:
+            path = found
+        else:
+            raise FileNotFoundError(f"the C compiler {cc!r} was not found on PATH")
+        return _resolve(path, march if march is not None else march_from_env())
 
     @property
     def name(self) -> str:
