@@ -97,18 +97,26 @@ def _lanewise_vector(
     op: str, libm: str, args: str, x86: dict[tuple[str, int], tuple[tuple[str, str], ...]], scalar: str, n: int
 ) -> str:
     """`static inline tg_<libm><n>(args)` on vectors of n `scalar`s: the first x86 builtin of x86[(scalar, n)] that
-    the compiler has and targets, else the libm function (libm + "f" for float) lane by lane."""
+    the compiler has and targets; else, where the target has one for narrower vectors, the routine of n / 2 on each
+    half (a 16-wide float FMA on AVX2 is two 8-wide ones: lane by lane, GCC spilled a matmul's tile and took 2.3 s
+    instead of 0.1); else the libm function (libm + "f" for float) lane by lane."""
     t, fn = f"tg_{op}_{scalar}{n}", libm + ("f" if scalar == "float" else "")
     names = args.split(", ")
     lanes = ", ".join(f"{fn}({', '.join(f'{a}[{i}]' for a in names)})" for i in range(n))
+    alternatives = [_condition(feature, expr) for feature, expr in x86.get((scalar, n), ())]
+    branches = [f"  return ({t}){expr};\n" for _, expr in x86.get((scalar, n), ())]
+    narrower = [_condition(f, e) for (s, m), alts in x86.items() if s == scalar and m < n for f, e in alts]
+    if narrower:
+        half = f"tg_{op}_{scalar}{n // 2}"
+        parts = [f"tg_{fn}{n // 2}({', '.join(f'(({half}*)&{a})[{k}]' for a in names)})" for k in (0, 1)]
+        alternatives.append(" || ".join(f"({c})" for c in narrower))
+        branches.append(f"  {t} r;\n  (({half}*)&r)[0] = {parts[0]};\n  (({half}*)&r)[1] = {parts[1]};\n  return r;\n")
     body = f"  return ({t}){{{lanes}}};\n"
-    alternatives = x86.get((scalar, n), ())
     if alternatives:
-        branches = "".join(
-            f"#{'if' if k == 0 else 'elif'} {_condition(feature, expr)}\n  return ({t}){expr};\n"
-            for k, (feature, expr) in enumerate(alternatives)
+        chosen = "".join(
+            f"#{'if' if k == 0 else 'elif'} {c}\n{b}" for k, (c, b) in enumerate(zip(alternatives, branches))
         )
-        body = f"{branches}#else\n{body}#endif\n"
+        body = f"{chosen}#else\n{body}#endif\n"
     size = n * (4 if scalar == "float" else 8)
     params = ", ".join(f"{t} {a}" for a in names)
     return (
@@ -261,6 +269,7 @@ class ClangRenderer(CStyleLanguage):
         # the target's vector registers: the optimizer upcasts contiguous axes to fill one, and float32 / float64
         # values become vector-extension types (vector_uops)
         self.vector_widths = {dt: vector_bytes // dt.itemsize for dt in dtypes.fields().values() if dt != dtypes.bool}
+        self.vector_registers = toolchain.vector_registers if toolchain is not None else 16
 
     def render_dtype(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):

@@ -93,6 +93,11 @@ class Toolchain:
         return 64 if self.defines("__AVX512F__") else 32 if self.defines("__AVX__") else 16
 
     @property
+    def vector_registers(self) -> int:
+        """Vector registers of the target: 32 with AVX-512 and on AArch64, else 16 (SSE, AVX, AVX2)."""
+        return 32 if self.defines("__AVX512F__") or self.defines("__aarch64__") else 16
+
+    @property
     def flags(self) -> list[str]:
         """The compiler flags that select the target."""
         return [f"-march={self.march}"]
