@@ -279,6 +279,19 @@ def contraction_inputs(dtype: DType, n: int, rng: np.random.Generator) -> tuple[
     return ref.make_array(a, dtype), ref.make_array(bv, dtype), ref.make_array(-prod, dtype)
 
 
+def exactness_cases() -> list[tuple[str, Callable[..., Case], dict[str, Any]]]:
+    """(name, builder, parameters) of every constant-operand case (each negative constant of each signed integer and
+    float dtype) and every contraction case (each float dtype): what a plugin's own tests run on its device."""
+    signed = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
+    out: list[tuple[str, Callable[..., Case], dict[str, Any]]] = [
+        (f"const_operand-{dt.short_name}-{_value_name(v)}", const_operand, {"dtype": dt, "value": v})
+        for dt in (*signed, *ref.FLOATS)
+        for v in negative_constants(dt)
+    ]
+    out += [(f"contraction-{dt.short_name}", contraction, {"dtype": dt}) for dt in ref.FLOATS]
+    return out
+
+
 def seeded_rng(test_name: str) -> np.random.Generator:
     """The generator a test named `test_name` gets from the `rng` fixture."""
     return np.random.default_rng(zlib.crc32(test_name.encode()))
