@@ -197,36 +197,39 @@ def negative_constants(dtype: DType) -> list[float]:
     if dtypes.is_int(dtype):
         lo = ref.int_range(dtype)[0]
         return [-1, -9, lo + 1, lo]
-    return [-0.0, -1.5, -9.0, -ref.float_tiny(dtype), -ref.float_max(dtype), -math.inf]
+    # -0.1: not a value of any float dtype but float64, so the renderer (or interpreter) must round it to the dtype
+    return [-0.0, -1.5, -9.0, -0.1, -ref.float_tiny(dtype), -ref.float_max(dtype), -math.inf]
 
 
 def const_operand(target: Target, rng: np.random.Generator, dtype: DType, value: float) -> Case:
     """A constant as the right operand, and under NEG: out0 = x - c, out1 = x + c, out2 = x * c, out3 = x - NEG(c),
-    out4 = MAX(x, c) (the constant is a CONST uop, never folded into the input)."""
+    out4 = MAX(x, c), out5 = (x == c) (the constant is a CONST uop with the value as given, which the renderer must
+    round to the dtype; the first lanes of x hold the rounded constant itself)."""
     n = 24
     b = KernelBuilder(target.renderer, kernel_name("const_operand", dtype.short_name, _value_name(value)))
-    outs = [b.buffer(dtype, n, writable=True) for _ in range(5)]
+    outs = [b.buffer(dtype, n, writable=True) for _ in range(5)] + [b.buffer(dtypes.bool, n, writable=True)]
     src = b.buffer(dtype, n)
     c = b.const(dtypes.as_const(value, dtype), dtype)
     i = b.global_index(n)
     x = b.load(src, i)
     negated = b.alu(UnaryOps.NEG, dtype, c)
-    ops = [BinaryOps.SUB, BinaryOps.ADD, BinaryOps.MUL, BinaryOps.SUB, BinaryOps.MAX]
-    for out, op, rhs in zip(outs, ops, [c, c, c, negated, c]):
-        b.store(out, i, b.alu(op, dtype, x, rhs))
-    xs = _some_values(dtype, n, rng)
+    ops = [BinaryOps.SUB, BinaryOps.ADD, BinaryOps.MUL, BinaryOps.SUB, BinaryOps.MAX, BinaryOps.CMPEQ]
+    for out, op, rhs in zip(outs, ops, [c, c, c, negated, c, c]):
+        b.store(out, i, b.alu(op, ref.result_dtype(op, dtype), x, rhs))
     cs = ref.make_array([value] * n, dtype)
+    xs = np.concatenate([cs[:2], _some_values(dtype, n - 2, rng)])
     what = f"x OP const {ref.fmt(cs[0], dtype)} on {dtype.short_name}"
 
     def check(res: list[np.ndarray]) -> None:
         neg = ref.alu_reference(UnaryOps.NEG, dtype, [cs])
-        for k, (op, rhs) in enumerate(zip(ops, [cs, cs, cs, neg, cs])):
+        for k, (op, rhs) in enumerate(zip(ops, [cs, cs, cs, neg, cs, cs])):
             exp = ref.alu_reference(op, dtype, [xs, rhs])
             zero_free = (xs == 0) & (rhs == 0) if op is BinaryOps.MAX and dtypes.is_float(dtype) else None
             assert_lanes(f"{what} (output {k})", target.name, op.name, [(xs, dtype), (rhs, dtype)], res[k], exp,
-                         dtype, "repro_alu", (op.name, dtype.short_name), zero_sign_free=zero_free)
+                         ref.result_dtype(op, dtype), "repro_alu", (op.name, dtype.short_name),
+                         zero_sign_free=zero_free)
 
-    return Case(b.finish(), {5: xs}, (dtype,), check, what)
+    return Case(b.finish(), {6: xs}, (dtype, dtypes.bool), check, what)
 
 
 def _value_name(value: float) -> str:
