@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import tempfile
 from typing import Any, Optional
 
 from tg_clang.compiler import ClangCompiler
@@ -41,13 +44,25 @@ def check_toolchain(toolchain: Toolchain) -> Optional[str]:
         )
     name, src = probe_kernel()
     try:
-        lib = ClangCompiler(toolchain).compile_cached(src)
-        ClangProgram(DEVICE, name, lib)()
+        _call(name, ClangCompiler(toolchain).compile_cached(src))
     except CompileError as e:
         return f"{toolchain.name} -march={toolchain.march} cannot build a CLANG kernel: {_first_lines(e.log)}"
     except OSError as e:  # a shared object this system cannot load
         return f"a kernel built by {toolchain.name} -march={toolchain.march} does not load: {e}"
     return None
+
+
+def _call(name: str, lib: bytes) -> None:
+    """Load shared object `lib` and call its kernel `name` with no buffers, through ctypes: cffi's first use parses C
+    declarations (~30 ms), which a process that never runs a CLANG kernel should not pay for at discovery."""
+    fd, path = tempfile.mkstemp(prefix="tg_clang_probe_", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(lib)
+        kernel = getattr(ctypes.CDLL(path), name)
+    finally:
+        os.unlink(path)
+    kernel(None, None)
 
 
 def _first_lines(log: str) -> str:
