@@ -295,3 +295,32 @@ def test_dtype_equality_and_hash_are_structural() -> None:
     assert dtypes.is_float(twin) and not dtypes.is_int(twin) and {F32: 1}[twin] == 1
     assert PtrDType.of(F32) != F32 and F32 != PtrDType.of(F32) and F32 != I32 and F32 != "float32"
     assert sorted([F64, I8, F16]) == [I8, F16, F64]
+
+
+def test_python_device_rounds_bfloat16_constants_and_accumulators():
+    # a CONST or DEFINE_ACC of bfloat16 with a value it cannot hold (0.1) is that value rounded to nearest even, as
+    # every renderer spells it: x == 0.1 holds for x = bfloat16(0.1), and 0.1 + 0.0 stores bfloat16(0.1)
+    from tgcore.codegen.uops import UOp, UOps
+    from tgcore.device import Buffer, Device
+    from tgcore.dtype import bf16_round
+    from tgcore.ops import BinaryOps
+
+    rounded = float(bf16_round(np.array([0.1], np.float32))[0])
+    out_eq = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(dtypes.bool), (), (0, "data0", True))
+    out_acc = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(BF16), (), (1, "data1", True))
+    src = UOp(UOps.DEFINE_GLOBAL, PtrDType.of(BF16), (), (2, "data2", False))
+    gidx = UOp(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", 1))
+    c = UOp(UOps.CONST, BF16, (), 0.1)
+    x = UOp(UOps.LOAD, BF16, (src, gidx))
+    eq = UOp(UOps.ALU, dtypes.bool, (x, c), BinaryOps.CMPEQ)
+    acc = UOp(UOps.DEFINE_ACC, BF16, (), 0.1)
+    zero = UOp(UOps.CONST, BF16, (), 0.0)
+    total = UOp(UOps.ALU, BF16, (acc, zero), BinaryOps.ADD)
+    store_eq, store_acc = UOp(UOps.STORE, None, (out_eq, gidx, eq)), UOp(UOps.STORE, None, (out_acc, gidx, total))
+    uops = [out_eq, out_acc, src, gidx, c, zero, x, eq, store_eq, acc, total, store_acc]
+    dev = Device["PYTHON"]
+    prg = dev.runtime("PYTHON", "k", dev.compiler.compile(dev.renderer.render("k", uops)))
+    bufs = [Buffer("PYTHON", 1, dt).allocate() for dt in (dtypes.bool, BF16, BF16)]
+    bufs[2].copyin(memoryview(bytearray((np.array([rounded], np.float32).view(np.uint32) >> 16).astype(np.uint16))))
+    prg(*[b._opaque for b in bufs], global_size=(1, 1, 1), local_size=(1, 1, 1))
+    assert bufs[0].numpy()[0] and bufs[1].numpy()[0] == rounded

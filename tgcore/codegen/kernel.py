@@ -567,12 +567,16 @@ class Kernel:
     def _tile_column(self, broadcast: list[int], contiguous: list[int], vw: int) -> tuple[int, int]:
         """The tile's column axis (its last upcast axis: the vector axis) and how many columns a tile has."""
         if vw > 1:
+            # two vectors wide only where the accumulators fit the registers: a target with 16 vector registers (AVX2,
+            # SSE) spills a 16 x 2-vector tile (CLANG -march=x86-64-v3 through GCC: a 1024 matmul 2.5 s, one vector
+            # wide 43 ms)
+            widths = (2 * vw, vw) if getattr(self.opts, "vector_registers", 32) >= 32 else (vw,)
             # an axis the output is contiguous along comes first, even one vector wide: its tiles store whole vectors
             # (dz.T @ x of the MLP's backward, 512x128 @ 128x784: 16 columns along the output's rows ran 1.4-1.7x
             # faster than 32 along its columns, whose stores were scattered)
             stored = [a for a in broadcast if self.stride_of(self.ast, a) == 1]
             for among in (stored, broadcast):
-                for amount in (2 * vw, vw):
+                for amount in widths:
                     fits = [a for a in among if a in contiguous and _int(self.full_shape[a]) % amount == 0]
                     if fits:
                         return fits[-1], amount
@@ -581,7 +585,7 @@ class Kernel:
             # two vectors wide where the gathered block will be packed (a @ b.T at 1024 and 2048: 8 x 32 tiles ran
             # ~20% faster than 16 x 16, whose 16 rows of a, 4 KB apart, share one cache set)
             packs = getattr(self.opts, "scratch_max", 0) and self.opts.global_max is None
-            for amount in (2 * vw, vw) if packs else (vw,):
+            for amount in widths if packs else (vw,):
                 fits = [a for a in broadcast if _int(self.full_shape[a]) % amount == 0]
                 if fits:
                     strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}

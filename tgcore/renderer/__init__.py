@@ -28,6 +28,9 @@ class Renderer:
     # elements of each dtype that one vector register holds: the optimizer upcasts contiguous axes to this width
     # (plain upcasting, no vector uops: the target compiler vectorizes the repeated scalar code)
     vector_widths: dict[Any, int] = {}
+    # vector registers of the target (CPU-style renderers): with 32 (AVX-512, NEON) a matmul's register tile is two
+    # vectors wide, with fewer (16: SSE, AVX2) one, so that its accumulators fit
+    vector_registers: int = 32
     # CPU-style kernels (global_max None) only: the outermost global loop may run on several host threads. A kernel
     # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",
     # bound that loop; the core calls it once per thread with the vals of its part of range(n)

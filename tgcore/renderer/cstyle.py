@@ -76,23 +76,43 @@ class CStyleLanguage(Renderer):
                 text = repr(v) + ("f" if dt != dtypes.float64 else "")
                 if "e" not in text and "." not in text:
                     text = text.replace("f", ".0f") if dt != dtypes.float64 else text + ".0"
+                text = negative_literal(text)
             return text if dt in (dtypes.float32, dtypes.float64) else f"(({self.render_dtype(dt)}){text})"
         v = int(val)  # type: ignore[call-overload]
         bits = dt.itemsize * 8
         if not dtypes.is_unsigned(dt) and v == -(2 ** (bits - 1)):
             return f"(({self.render_dtype(dt)})({v + 1}{'ll' if bits == 64 else ''}-1))"
         suffix = {(True, 64): "ull", (False, 64): "ll", (True, 32): "u"}.get((dtypes.is_unsigned(dt), bits), "")
-        text = f"{v}{suffix}"
+        text = negative_literal(f"{v}{suffix}")
         return text if bits >= 32 else f"(({self.render_dtype(dt)}){text})"
 
     def render_cast(self, x: str, dt: DType) -> str:
         return f"(({self.render_dtype(dt)})({x}))"
+
+    def render_conversion(self, x: str, src_dt: DType, dt: DType) -> str:
+        """A CAST uop: value `x` of `src_dt` converted to `dt` (a dialect that spells some conversions by their
+        source overrides this; the default is render_cast)."""
+        return self.render_cast(x, dt)
 
     def render_bitcast(self, name: str, x: str, dt: DType) -> list[str]:
         """Statements that declare `name` of type `dt` with the bits of `x`."""
         t = self.render_dtype(dt)
         src = x if x.isidentifier() else f"(__typeof__({x})){{{x}}}"  # a folded constant: as a compound literal
         return [f"{t} {name};", f"__builtin_memcpy(&{name}, &{src}, sizeof({t}));"]
+
+    def render_reinterpret(self, name: str, x: str, src_dt: DType, dt: DType) -> list[str]:
+        """A BITCAST uop: statements that declare `name` of `dt` with the bits of `x` of `src_dt` (default:
+        render_bitcast)."""
+        return self.render_bitcast(name, x, dt)
+
+    def render_load(self, access: str, dt: DType) -> str:
+        """The value that reading `access` (an element or vector of `dt` in memory) gives: the access itself, unless
+        the dialect keeps `dt` in registers in another type than in memory."""
+        return access
+
+    def render_store(self, access: str, value: str, dt: DType) -> str:
+        """The statement that writes `value` to `access`, an element (or vector) of a buffer of `dt`."""
+        return f"{access} = {value};"
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         """A libm-style call: fn is exp2/log2/sin/sqrt; float32 uses the `f` variant."""
@@ -261,10 +281,12 @@ class CStyleLanguage(Renderer):
             elif u.op is UOps.LOAD:
                 assert dt is not None
                 n = names[id(u)] = fresh("val")
-                load = self.render_access(s[0], u.src[1], names, dt)
+                load = self.render_load(self.render_access(s[0], u.src[1], names, dt), dt)
                 emit(f"{self.render_dtype(dt)} {n} = {f'({s[2]})?({load}):({s[3]})' if len(s) == 4 else load};")
             elif u.op is UOps.STORE:
-                store = f"{self.render_access(s[0], u.src[1], names, u.src[2].dtype)} = {s[2]};"
+                assert isinstance(u.src[0].dtype, PtrDType)
+                access = self.render_access(s[0], u.src[1], names, u.src[2].dtype)
+                store = self.render_store(access, s[2], u.src[0].dtype.base)
                 emit(f"if ({s[3]}) {store}" if len(s) == 4 else store)
             elif u.op is UOps.ALU:
                 assert dt is not None and u.src[0].dtype is not None
@@ -275,12 +297,13 @@ class CStyleLanguage(Renderer):
                 emit(f"{t} {n} = {self.render_alu(u.arg, s, dt, src_dt)};")
             elif u.op is UOps.CAST:
                 assert dt is not None
+                assert u.src[0].dtype is not None
                 n = names[id(u)] = fresh("cast")
-                emit(f"{self.render_dtype(dt)} {n} = {self.render_cast(s[0], dt)};")
+                emit(f"{self.render_dtype(dt)} {n} = {self.render_conversion(s[0], u.src[0].dtype, dt)};")
             elif u.op is UOps.BITCAST:
-                assert dt is not None
+                assert dt is not None and u.src[0].dtype is not None
                 n = names[id(u)] = fresh("bitcast")
-                for line in self.render_bitcast(n, s[0], dt):
+                for line in self.render_reinterpret(n, s[0], u.src[0].dtype, dt):
                     emit(line)
             else:
                 raise NotImplementedError(f"{type(self).__name__} cannot render uop {u.op}")
@@ -288,6 +311,12 @@ class CStyleLanguage(Renderer):
             vector_types = dict.fromkeys(u.dtype for u in uops if u.dtype is not None and u.dtype.count > 1)
             kernel[:0] = [self.render_vector_type(dt) for dt in vector_types]
         return self.render_kernel(name, kernel, bufs)
+
+
+def negative_literal(text: str) -> str:
+    """A numeric literal that may start with a minus sign, parenthesized if it does: the ops are spelled by pasting
+    operands next to their operator, and `x-` followed by `-9` would be `x--9` (a decrement, which does not compile)."""
+    return f"({text})" if text.startswith("-") else text
 
 
 _INFIX: dict[Op, str] = {

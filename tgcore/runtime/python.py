@@ -134,7 +134,7 @@ class PythonProgram:
                 values[pc] = np.int32(next(var_iter))
             elif op is UOps.CONST:
                 assert dt is not None
-                values[pc] = np.array(arg, dtype=_np_type(dt))
+                values[pc] = _value_of(arg, dt)
             elif op is UOps.SPECIAL:
                 values[pc] = (grid if arg[1].startswith("gidx") else local)[arg[0]].astype(np.int32)
             elif op is UOps.DEFINE_LOCAL:
@@ -142,7 +142,7 @@ class PythonProgram:
                 values[pc] = _Shared(np.zeros(n_groups * arg[1], _np_type(dt)), group_of * arg[1])
             elif op is UOps.DEFINE_ACC:
                 assert dt is not None
-                values[pc] = np.full((lanes, dt.count) if dt.count > 1 else lanes, arg, dtype=_np_type(dt.scalar()))
+                values[pc] = np.full((lanes, dt.count) if dt.count > 1 else lanes, _value_of(arg, dt.scalar()))
             elif op is UOps.VECTORIZE:
                 values[pc] = np.stack([np.broadcast_to(x, (lanes,)) for x in s], axis=-1)
             elif op is UOps.GEP:
@@ -235,6 +235,15 @@ class _BF16View:
         from tgcore.dtype import bf16_round
 
         self.bits[idx] = (bf16_round(np.asarray(val, dtype=np.float32)).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _value_of(arg: Any, dt: DType) -> np.ndarray:
+    """A constant as a value of `dt` (bfloat16: float32 rounded to nearest even, as a renderer spells it)."""
+    from tgcore.dtype import bf16_round
+
+    with np.errstate(over="ignore"):
+        value = np.array(arg, dtype=_np_type(dt))
+    return bf16_round(value) if dt.scalar() == dtypes.bfloat16 else value
 
 
 def _cast(x: np.ndarray, dt: DType) -> np.ndarray:

@@ -10,9 +10,13 @@ import textwrap
 import numpy as np
 import pytest
 from tg_clang.compiler import ClangCompiler
+from tg_conformance import reference as ref
+from tg_conformance import uop_cases
+from tg_conformance.target import Target
 
 from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.device import CompileError
+from tgcore.ops import BinaryOps
 
 
 def test_clang_is_available_and_default():
@@ -211,3 +215,38 @@ def test_vector_max_and_sqrt_routines_match_numpy_bits(dtype):
     with np.errstate(invalid="ignore"):
         ref = np.maximum(np.sqrt(np.abs(np.maximum(a, b))), b)
     np.testing.assert_array_equal(out.numpy(), ref)
+
+
+# ***** constants and rounding, the same on every compiler (see test_portability.py for other targets) *****
+
+EXACTNESS = [pytest.param(builder, params, id=name) for name, builder, params in uop_cases.exactness_cases()]
+
+
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_no_contraction(builder, params):
+    # x - c with c a negative constant was rendered x--9 (a decrement: no kernel built); a*b + c must round twice
+    t = Target.resolve("CLANG")
+    uop_cases.run_case(t, builder(t, uop_cases.seeded_rng(str(params)), **params))
+
+
+def test_subtracting_a_negative_constant_from_a_realized_tensor():
+    x = Tensor([8], dtype=dtypes.int32, device="CLANG").realize()
+    assert (x - Tensor(-9, dtype=dtypes.int32, device="CLANG")).tolist() == [17]
+    big = Tensor([1, -5], dtype=dtypes.int64, device="CLANG").realize()
+    with np.errstate(over="ignore"):
+        exp = np.array([1, -5], np.int64) - np.int64(-(2**63))
+    np.testing.assert_array_equal((big - Tensor(-(2**63), dtype=dtypes.int64, device="CLANG")).numpy(), exp)
+    f = Tensor([2.0, -0.0], device="CLANG").realize()
+    np.testing.assert_array_equal((f - Tensor(-0.0, device="CLANG")).numpy(), np.array([2.0, -0.0]) - -0.0)
+    np.testing.assert_array_equal((f * -1.5).numpy(), np.array([-3.0, 0.0], np.float32))
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16])
+def test_tensor_a_times_b_plus_c_rounds_twice(dtype):
+    # inputs where one rounding of a*b+c gives the product's error and two give 0: any contraction shows
+    a, b, c = uop_cases.contraction_inputs(dtype, 256, np.random.default_rng(1))
+    ta, tb, tc = (Tensor(v, device="CLANG").cast(dtype) for v in (a, b, c))
+    got = (ta * tb + tc).float().numpy()
+    exp = ref.alu_reference(BinaryOps.ADD, dtype, [ref.alu_reference(BinaryOps.MUL, dtype, [a, b]), c])
+    np.testing.assert_array_equal(got, exp.astype(np.float32))
+    assert not np.any(got)  # every lane: exactly 0 (a fused sum would be the product's rounding error)

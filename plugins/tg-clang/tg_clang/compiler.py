@@ -1,22 +1,26 @@
-"""Builds C source into a shared object with the system C compiler."""
+"""Builds C source into a shared object with the system C compiler (gcc or clang) for the toolchain's -march."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
+from typing import Optional
 
+from tg_clang.toolchain import Toolchain, find_compiler
 from tgcore.device import CompileError, Compiler
 
-# -fwrapv: signed overflow wraps (as numpy's integers do); -ffp-contract=off: no fused multiply-add, so results
-# round like numpy's; -std=c11: _Float16 math rounds after every operation; -pipe: the stages hand over through pipes,
-# not temporary files (~2-3 ms of a ~50 ms build)
+__all__ = ["CFLAGS", "ClangCompiler", "find_compiler"]
+
+# -fwrapv: signed overflow wraps (as numpy's integers do); -ffp-contract=off: no fused multiply-add but the explicit
+# fmaf / fma of MULACC, so every + - * rounds on its own on every compiler (clang's default would fuse within an
+# expression); -std=c11; -fno-math-errno: sqrtf is one instruction; -pipe: the stages hand over through pipes, not
+# temporary files (~2-3 ms of a ~50 ms build). float16 and bfloat16 are computed in float and rounded in plain C (see
+# renderer.py), so no flag decides how they round. The -march comes from the Toolchain (TG_CLANG_MARCH)
 CFLAGS = [
     "-shared",
     "-fPIC",
     "-O2",
-    "-march=native",
     "-std=c11",
     "-fwrapv",
     "-ffp-contract=off",
@@ -25,40 +29,35 @@ CFLAGS = [
 ]
 
 
-def find_compiler() -> str:
-    """The C compiler to use: $CC, else cc, clang or gcc on PATH; FileNotFoundError says what to install."""
-    if cc := os.environ.get("CC"):
-        path = shutil.which(cc)
-        if path is None:
-            raise FileNotFoundError(f"the C compiler CC={cc!r} was not found on PATH")
-        return path
-    for name in ("cc", "clang", "gcc"):
-        if (path := shutil.which(name)) is not None:
-            return path
-    raise FileNotFoundError("no C compiler found (tried $CC, cc, clang, gcc): install gcc or clang, or set CC")
-
-
 class ClangCompiler(Compiler):
     """C source -> shared object bytes."""
 
-    def __init__(self) -> None:
-        self.cc = find_compiler()
-        self.cachekey = f"compile_clang_{os.path.basename(self.cc)}"
+    def __init__(self, toolchain: Optional[Toolchain] = None) -> None:
+        self.toolchain = toolchain if toolchain is not None else Toolchain.resolve()
+        self.cc = self.toolchain.cc
+        # the compiler, its version and the target's features (the -march and, for native, this CPU's) decide the
+        # object code: a cache shared between compilers or targets must not hand one's kernels to the other
+        self.cachekey = f"compile_clang_{_identifier(self.toolchain.name)}_{self.toolchain.identity}"
 
     def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="tg_clang_") as tmp:
             out = os.path.join(tmp, "kernel.so")
             proc = subprocess.run(
-                [self.cc, *CFLAGS, "-x", "c", "-", "-o", out, "-lm"],
+                [self.cc, *CFLAGS, *self.toolchain.flags, "-x", "c", "-", "-o", out, "-lm"],
                 input=src.encode(),
                 capture_output=True,
                 check=False,
             )
             if proc.returncode != 0:
                 raise CompileError(
-                    f"{os.path.basename(self.cc)} failed with exit code {proc.returncode}",
+                    f"{self.toolchain.name} -march={self.toolchain.march} failed with exit code {proc.returncode}",
                     log=proc.stderr.decode(errors="replace"),
                     src=src,
                 )
             with open(out, "rb") as f:
                 return f.read()
+
+
+def _identifier(name: str) -> str:
+    """`name` with every character that is not a letter, digit or _ replaced by _ (a cache table name)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -497,3 +498,63 @@ def test_launch_dims(
 def test_flat_kernel_with_a_workgroup_is_refused() -> None:
     with pytest.raises(ValueError, match="local_size"):
         launch_dims(True, (64, 1, 1), (8, 1, 1))
+
+
+# ***** constants and rounding: compiled to PTX here, and run on this CPU through CUDAEMU *****
+
+try:  # the suite's cases, where tg-conformance is installed (its absence skips these tests)
+    from tg_conformance import uop_cases
+    from tg_conformance.target import COMPILE, Target
+except ImportError:
+    uop_cases = None  # type: ignore[assignment]
+EXACTNESS = (
+    [pytest.param(builder, params, id=name) for name, builder, params in uop_cases.exactness_cases()]
+    if uop_cases is not None
+    else []
+)
+
+
+def _case(builder: Any, params: dict[str, Any], target: Target) -> Any:
+    return builder(target, uop_cases.seeded_rng(str(params)), **params)
+
+
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_no_contraction_compile(builder: Any, params: dict[str, Any]) -> None:
+    # x - c with c a negative float constant was rendered x--1.5f (NVRTC refused it)
+    t = Target.resolve("CUDA", COMPILE)
+    uop_cases.run_case(t, _case(builder, params, t))
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16])
+def test_a_times_b_plus_c_stays_two_roundings_in_the_ptx(compiler: CUDACompiler, dt: DType) -> None:
+    if uop_cases is None:
+        pytest.skip("needs tg-conformance")
+    # -fmad=false: NVRTC writes mul.rn / add.rn, which ptxas may not fuse either; no fma instruction at all
+    t = Target.resolve("CUDA", COMPILE)
+    case = uop_cases.contraction(t, np.random.default_rng(0), dt)
+    ptx = compiler.compile(CUDARenderer().render(case.kernel.name, case.kernel.uops)).decode()
+    width = "f64" if dt == dtypes.float64 else "f32"
+    assert "fma." not in ptx and "mad." not in ptx.replace("mad.lo", "")
+    assert f"mul.rn.{width}" in ptx and (f"add.rn.{width}" in ptx or f"sub.rn.{width}" in ptx)
+
+
+@pytest.fixture(scope="module")
+def emulated() -> Any:
+    """The CUDAEMU device (tg-cuda's renderer, the host's C++ compiler) registered in this process."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler (g++ or $CXX) to emulate CUDA kernels with")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import host_emulation
+    finally:
+        sys.path.pop(0)
+    host_emulation.register()
+    yield Target.resolve(host_emulation.DEVICE)
+    plugins.unregister("cudaemu")
+
+
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_no_contraction_compute_exactly(
+    builder: Any, params: dict[str, Any], emulated: Target
+) -> None:
+    uop_cases.run_case(emulated, _case(builder, params, emulated))

@@ -10,8 +10,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from tg_conformance import uop_cases
 from tg_conformance.checks import assert_exp2_within_one_ulp, exp2_inputs, exp2_op
 from tg_conformance.reference import fused_multiply_add
+from tg_conformance.target import Target
 from tg_llvm.compiler import LLVMCompiler
 from tg_llvm.renderer import reg_type
 from tg_llvm.runtime import LLVMProgram, undefined_symbols
@@ -35,6 +37,7 @@ from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import Buffer, CompileError
 from tgcore.dtype import DType, PtrDType
+from tgcore.engine.realize import get_kernel
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.plugin import ALL_DTYPES
 
@@ -170,6 +173,31 @@ def test_renderer_has_no_fast_math_and_the_uniform_signature():
         assert flag not in src
 
 
+# ***** constants and rounding *****
+
+EXACTNESS = [pytest.param(builder, params, id=name) for name, builder, params in uop_cases.exactness_cases()]
+
+
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_no_contraction(builder, params):
+    # negative constants (-0.0, INT_MIN, int64 min, half and bfloat16 ones) as right operands and under NEG; a*b + c
+    # of separate MUL and ADD uops rounds twice (no fmuladd, no contract flag, whatever LLVM's defaults)
+    t = Target.resolve("LLVM")
+    uop_cases.run_case(t, builder(t, uop_cases.seeded_rng(str(params)), **params))
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16])
+def test_tensor_a_times_b_plus_c_rounds_twice(dtype):
+    a, b, c = uop_cases.contraction_inputs(dtype, 256, np.random.default_rng(1))
+    ta, tb, tc = (Tensor(v, device="LLVM").cast(dtype) for v in (a, b, c))
+    out = ta * tb + tc
+    src = get_kernel(Device["LLVM"].renderer, out.schedule()[-1].ast).to_program().src
+    for flag in (" fast ", " contract ", " reassoc ", "fmuladd", "llvm.fma"):
+        assert flag not in src
+    got = out.float().numpy()
+    assert not np.any(got)  # every lane 0: a fused sum would be the product's rounding error
+
+
 def _mulacc_uops(n: int = 4) -> list[UOp]:
     return elementwise_uops(TernaryOps.MULACC, [dtypes.float32] * 3, dtypes.float32, n)
 
@@ -262,7 +290,7 @@ def test_compiled_programs_are_cached():
 
 # ***** CLANG and LLVM agree bit for bit where IEEE fixes the result *****
 
-EXACT_CASES = [(op, dt) for op, dt in ALU_CASES if dt != dtypes.bfloat16 and op not in TRANSCENDENTAL]
+EXACT_CASES = [(op, dt) for op, dt in ALU_CASES if op not in TRANSCENDENTAL]
 
 
 @pytest.mark.parametrize("op,dt", EXACT_CASES, ids=[_id(c) for c in EXACT_CASES])
@@ -278,8 +306,6 @@ def test_clang_and_llvm_agree_bit_for_bit(op, dt):
 def test_clang_and_llvm_casts_agree_bit_for_bit():
     clang_or_skip()
     for src, dst in CAST_CASES:
-        if dtypes.bfloat16 in (src, dst):
-            continue
         x = cast_inputs(src, dst)
         llvm = run_elementwise("LLVM", None, [x], [src], dst, kind=UOps.CAST)
         clang = run_elementwise("CLANG", None, [x], [src], dst, kind=UOps.CAST)

@@ -36,6 +36,13 @@ def host_vector_bytes() -> int:
     return 64 if "+avx512f" in features else 32 if "+avx" in features else 16
 
 
+def host_vector_registers() -> int:
+    """Vector registers of this CPU: 32 with AVX-512 and off x86 (AArch64's NEON), 16 on x86 without AVX-512."""
+    if "+avx512f" in host_cpu()[2].split(","):
+        return 32
+    return 16 if llvm().get_process_triple().startswith(("x86_64", "i386", "i686")) else 32
+
+
 def host_target_machine(opt: int) -> Any:
     """A new target machine for this CPU and its features; jit=True picks a code model MCJIT can load anywhere.
     (Not shared: an MCJIT engine takes ownership of the target machine it is given.)"""

@@ -19,7 +19,7 @@ import struct
 
 import numpy as np
 
-from tg_llvm.compiler import host_vector_bytes
+from tg_llvm.compiler import host_vector_bytes, host_vector_registers
 from tgcore.codegen.uops import VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, bf16_round, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
@@ -246,6 +246,7 @@ class LLVMRenderer(Renderer):
 
     def __init__(self) -> None:
         self.vector_widths = {dt: host_vector_bytes() // dt.itemsize for dt in VECTOR_DTYPES}
+        self.vector_registers = host_vector_registers()
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _FunctionWriter(name, uops).render()

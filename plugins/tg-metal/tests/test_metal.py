@@ -17,9 +17,18 @@ import numpy as np
 import pytest
 import tg_metal
 from cpu_emulation import EmulatedKernel, EmulatedLibrary
+from tg_conformance import uop_cases
 from tg_metal import context as metal_context
 from tg_metal.allocator import MetalAllocator, MetalBuffer
-from tg_metal.compiler import LIBRARY, SOURCE, MetalCompiler, MetalLibrary, pack_library, unpack_library
+from tg_metal.compiler import (
+    LIBRARY,
+    SOURCE,
+    MetalCompiler,
+    MetalLibrary,
+    compile_options,
+    pack_library,
+    unpack_library,
+)
 from tg_metal.context import MetalUnavailable
 from tg_metal.renderer import MetalRenderer
 from tg_metal.runtime import MetalProgram, threads_per_threadgroup
@@ -337,6 +346,8 @@ def _level3_cases(target: Any) -> list[Any]:
     params += [("test_define_var", {"count": c}) for c in (0, 1, 6)]
     params += [("test_where_chain", {"dtype": dt}) for dt in (dtypes.float32, dtypes.int32)]
     built = [BUILDERS[name](target, cases.seeded_rng(name), **kw) for name, kw in params]
+    # negative constants and a*b + c that must round twice
+    built += [builder(target, cases.seeded_rng(name), **kw) for name, builder, kw in cases.exactness_cases()]
     return [c for c in built if all(target.supports(dt) for dt in c.requires)]
 
 
@@ -376,6 +387,42 @@ def test_level3_cases_compute_what_numpy_does(
 
 def _render(case: Any) -> str:
     return MetalRenderer().render(case.kernel.name, case.kernel.uops)
+
+
+try:  # the suite's cases, where tg-conformance is installed (its absence skips these tests)
+    from tg_conformance import uop_cases
+    from tg_conformance.target import RENDER, Target
+except ImportError:
+    uop_cases = None  # type: ignore[assignment]
+EXACTNESS = (
+    [pytest.param(builder, params, id=name) for name, builder, params in uop_cases.exactness_cases()]
+    if uop_cases is not None
+    else []
+)
+
+
+@needs_cxx
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_contraction_render_and_parse(
+    builder: Any, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # x - c with c a negative float constant was rendered x--1.5f, which does not parse
+    monkeypatch.setenv(ENV_CHECK, "1")
+    target = Target(DEV, RENDER, Device.specs()[DEV], MetalRenderer(), None, None, None)
+    uop_cases.run_case(target, builder(target, uop_cases.seeded_rng(str(params)), **params))
+
+
+def test_no_contraction_fast_math_off_and_each_op_its_own_statement() -> None:
+    if uop_cases is None:
+        pytest.skip("needs tg-conformance")
+    options = compile_options(fake.metal_module(None))
+    assert options.settings == {"fastMathEnabled": False}
+    target = Target(DEV, RENDER, Device.specs()[DEV], MetalRenderer(), None, None, None)
+    case = uop_cases.contraction(target, np.random.default_rng(0), dtypes.float32)
+    src = MetalRenderer().render(case.kernel.name, case.kernel.uops)
+    assert "#pragma METAL fp contract(off)" in src and "fma(" not in src
+    products = [line for line in src.splitlines() if "*" in line and "float alu" in line]
+    assert products and all("+" not in line and "-" not in line.split("=", 1)[1] for line in products)
 
 
 @needs_cxx

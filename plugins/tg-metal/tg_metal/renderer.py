@@ -30,7 +30,7 @@ from tg_metal.syntax import check_syntax, syntax_check_enabled
 from tgcore.codegen.uops import UOp, UOps, plain_index_ops
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage
+from tgcore.renderer.cstyle import CStyleLanguage, negative_literal
 
 _INT32_MAX = 2**31 - 1
 _HEADER = (
@@ -114,7 +114,7 @@ class MetalRenderer(CStyleLanguage):
             v = int(val)  # type: ignore[call-overload]
             if v == -(2**63):
                 return "((long)(-9223372036854775807L-1L))"
-            return f"{v}UL" if dt == dtypes.uint64 else f"{v}L"
+            return f"{v}UL" if dt == dtypes.uint64 else negative_literal(f"{v}L")
         return super().render_const(val, dt)
 
     def render_cast(self, x: str, dt: DType) -> str:

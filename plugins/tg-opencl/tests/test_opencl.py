@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+from tg_conformance import uop_cases
+from tg_conformance.target import Target
 from tg_opencl.allocator import BufferView
 from tg_opencl.cl_platform import get_platform
 from tg_opencl.compiler import OpenCLCompiler, unpack_binaries
@@ -19,7 +21,7 @@ from tg_opencl.renderer import OpenCLRenderer
 from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import CompileError
-from tgcore.dtype import DType, PtrDType
+from tgcore.dtype import DType, PtrDType, bf16_round
 from tgcore.ops import BinaryOps
 
 DEV = "OPENCL"
@@ -66,7 +68,7 @@ def test_opencl_is_available_with_limits_from_the_device():
     assert r.shared_max == info.local_mem_size and r.local_max[0] <= info.max_work_group_size
     assert len(r.global_max) == min(3, len(info.max_work_item_sizes))
     spec = Device.specs()[DEV]
-    assert spec.priority == 30 and dtypes.bfloat16 not in spec.dtypes
+    assert spec.priority == 30 and dtypes.bfloat16 in spec.dtypes  # computed in float: needs no extension
     assert (dtypes.float16 in spec.dtypes) == info.fp16 and (dtypes.float64 in spec.dtypes) == info.fp64
 
 
@@ -237,6 +239,59 @@ def test_int64_constants_use_opencl_suffixes():
     r = OpenCLRenderer()
     assert r.render_const(-(2**63), dtypes.int64) == "((long)(-9223372036854775807L-1L))"
     assert r.render_const(2**64 - 1, dtypes.uint64) == "18446744073709551615UL"
+    assert r.render_const(-9, dtypes.int64) == "(-9L)"  # `x-` then `-9L` would be `x--9L`
+
+
+# ***** constants, rounding and bfloat16 *****
+
+EXACTNESS = [pytest.param(builder, params, id=name) for name, builder, params in uop_cases.exactness_cases()]
+
+
+@pytest.mark.parametrize("builder,params", EXACTNESS)
+def test_negative_constants_and_no_contraction(builder, params):
+    # negative constants as right operands and under NEG (x - -1.5f was x--1.5f); a*b + c of separate MUL and ADD
+    # uops rounds twice (#pragma OPENCL FP_CONTRACT OFF), on the platform's compiler
+    t = Target.resolve(DEV)
+    uop_cases.run_case(t, builder(t, uop_cases.seeded_rng(str(params)), **params))
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64, dtypes.bfloat16])
+def test_tensor_a_times_b_plus_c_rounds_twice(dtype):
+    if dtype not in Device.specs()[DEV].dtypes:
+        pytest.skip(f"{DEV} here does not claim {dtype.short_name}")
+    a, b, c = uop_cases.contraction_inputs(dtype, 256, np.random.default_rng(1))
+    ta, tb, tc = (Tensor(v, device=DEV).cast(dtype) for v in (a, b, c))
+    assert not np.any((ta * tb + tc).float().numpy())  # every lane 0: a fused sum would be the product's error
+
+
+def test_bfloat16_is_floats_rounded_after_every_op_and_stored_as_bits():
+    rng = np.random.default_rng(4)
+    x, y = (rng.standard_normal(300).astype(np.float32) * 50 for _ in range(2))
+    x[:4] = [np.nan, np.inf, -0.0, 3.0e38]
+    x, y = bf16_round(x), bf16_round(y)
+    tx, ty = (Tensor(v, device=DEV).cast(dtypes.bfloat16) for v in (x, y))
+    out = ((tx * ty + tx) / ty).sqrt()
+    with np.errstate(all="ignore"):
+        exp = bf16_round(np.sqrt(bf16_round(bf16_round(bf16_round(x * y) + x) / y)))
+    got = out.float().numpy()
+    assert np.array_equal(got.view(np.uint32), exp.view(np.uint32)) or np.array_equal(got, exp, equal_nan=True)
+    # promotion: with float32 the sum is float32 (exact: bfloat16 values are floats), with an int it stays bfloat16
+    wide = tx + Tensor(y, device=DEV)
+    assert wide.dtype == dtypes.float32
+    assert np.array_equal(wide.numpy(), (x + y).astype(np.float32), equal_nan=True)
+    assert (tx * 3).dtype == dtypes.bfloat16
+    with np.errstate(over="ignore"):
+        assert np.array_equal((tx * 3).float().numpy(), bf16_round(x * 3), equal_nan=True)
+    src = OpenCLRenderer().render("k", _bf16_add_uops())
+    assert "__global ushort* restrict data0" in src and "tg_round_bf16(" in src and "tg_f2bf(" in src
+
+
+def _bf16_add_uops() -> list[UOp]:
+    out, inp = _global(dtypes.bfloat16, 0, True), _global(dtypes.bfloat16, 1)
+    gidx = UOp(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", 4))
+    val = UOp(UOps.LOAD, dtypes.bfloat16, (inp, gidx))
+    total = UOp(UOps.ALU, dtypes.bfloat16, (val, val), BinaryOps.ADD)
+    return [out, inp, gidx, val, total, UOp(UOps.STORE, None, (out, gidx, total))]
 
 
 # ***** compiler and runtime *****

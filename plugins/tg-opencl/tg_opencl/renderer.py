@@ -5,7 +5,8 @@ spelling makes it agree: signed `+ - *` and negation are done on the unsigned ty
 overflow is undefined in OpenCL C as in C) except in index arithmetic, which cannot overflow and is left plain so
 the compiler can optimize addressing; `#pragma OPENCL FP_CONTRACT OFF` stops `a*b+c` from becoming one fused
 rounding, and half computes `/` and the transcendental functions in float. bool buffers are `uchar` (OpenCL C
-allows no bool in kernel arguments); a bool value in the body is a `bool`.
+allows no bool in kernel arguments); a bool value in the body is a `bool`. bfloat16 (which OpenCL C lacks) is
+`ushort` in memory and a `float` in the body, rounded to nearest even after every op (exact for + - * / and sqrt).
 
 A kernel with no local index, local memory or barrier takes its global index from `get_global_id` and lets the
 driver choose the work-group size. One that has them takes `get_group_id` / `get_local_id` and carries
@@ -21,14 +22,23 @@ from typing import Optional, Sequence
 
 from tg_opencl.cl_platform import DeviceInfo
 from tgcore.codegen.uops import UOp, UOps, plain_index_ops
-from tgcore.dtype import DType, PtrDType, dtypes
+from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage
+from tgcore.renderer.cstyle import CStyleLanguage, negative_literal
 
 _INT32_MAX = 2**31 - 1
 _GLOBAL_ID = {"g": lambda dim: f"get_global_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
 _GROUP_ID = {"g": lambda dim: f"get_group_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
 _UNSIGNED = {dtypes.int8: "uchar", dtypes.int16: "ushort", dtypes.int32: "uint", dtypes.int64: "ulong"}
+# bfloat16 in float registers: rounding to nearest even (a NaN stays a quiet NaN), and its bits in memory
+_BF16 = """inline float tg_round_bf16(float x) {
+  uint b = as_uint(x), r = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  return as_float((b & 0x7fffffffu) > 0x7f800000u ? (b | 0x00400000u) & 0xffff0000u : r);
+}
+inline float tg_bf2f(ushort h) { return as_float((uint)h << 16); }
+inline ushort tg_f2bf(float x) { return (ushort)(as_uint(x) >> 16); }"""
+# ops that round nothing: spelled on bfloat16's floats as they are
+_EXACT_OPS = (BinaryOps.CMPLT, BinaryOps.CMPEQ, BinaryOps.MAX, TernaryOps.WHERE, UnaryOps.NEG)
 
 
 class _AddressOps(Enum):
@@ -68,6 +78,7 @@ class OpenCLRenderer(CStyleLanguage):
         dtypes.int64: "long",
         dtypes.uint64: "ulong",
         dtypes.float16: "half",
+        dtypes.bfloat16: "float",  # in registers; in memory ushort (render_dtype)
         dtypes.float32: "float",
         dtypes.float64: "double",
     }
@@ -96,22 +107,52 @@ class OpenCLRenderer(CStyleLanguage):
         base = dt.base if isinstance(dt, PtrDType) else dt
         if isinstance(dt, PtrDType) and base.scalar() == dtypes.bool:
             return "uchar"  # bool has no defined size in OpenCL C: bool memory is bytes
+        if isinstance(dt, PtrDType) and base.scalar() == dtypes.bfloat16:
+            return "ushort"  # bfloat16 memory is its 16 bits; its values are floats (type_map)
         name = self.type_map[base.scalar()]
         return f"{name}{base.count}" if base.count > 1 else name
 
     def render_const(self, val: object, dt: DType) -> str:
         if dt.count > 1:
             return f"(({self.render_dtype(dt)})({self.render_const(val, dt.scalar())}))"
+        if dt == dtypes.bfloat16:  # a float holding the value rounded to bfloat16
+            return super().render_const(truncate(val, dt), dtypes.float32)  # type: ignore[arg-type]
         if dt in (dtypes.int64, dtypes.uint64):  # OpenCL C spells 64-bit literals with L, not ll
             v = int(val)  # type: ignore[call-overload]
             if v == -(2**63):
                 return "((long)(-9223372036854775807L-1L))"
-            return f"{v}UL" if dt == dtypes.uint64 else f"{v}L"
+            return f"{v}UL" if dt == dtypes.uint64 else negative_literal(f"{v}L")
         return super().render_const(val, dt)
 
     def render_bitcast(self, name: str, x: str, dt: DType) -> list[str]:
         t = self.render_dtype(dt)
         return [f"{t} {name} = as_{t}({x});"]
+
+    # ***** bfloat16: floats rounded to nearest even after every op, stored as their top 16 bits *****
+
+    def render_conversion(self, x: str, src_dt: DType, dt: DType) -> str:
+        if dt == dtypes.bfloat16:  # through float (from float64 too: bfloat16 is defined as float32's top half)
+            return f"tg_round_bf16((float)({x}))"
+        return super().render_conversion(x, src_dt, dt)
+
+    def render_reinterpret(self, name: str, x: str, src_dt: DType, dt: DType) -> list[str]:
+        if dtypes.bfloat16 not in (src_dt, dt):
+            return super().render_reinterpret(name, x, src_dt, dt)
+        bits = f"tg_f2bf({x})" if src_dt == dtypes.bfloat16 else f"as_ushort({x})"
+        if dt == dtypes.bfloat16:
+            return [f"float {name} = tg_bf2f({bits});"]
+        t = self.render_dtype(dt)
+        return [f"{t} {name} = as_{t}({bits});"]
+
+    def render_load(self, access: str, dt: DType) -> str:
+        return f"tg_bf2f({access})" if dt == dtypes.bfloat16 else access
+
+    def render_store(self, access: str, value: str, dt: DType) -> str:
+        return f"{access} = tg_f2bf({value});" if dt == dtypes.bfloat16 else f"{access} = {value};"
+
+    def render_local(self, name: str, dt: DType, size: int) -> str:
+        t = "ushort" if dt == dtypes.bfloat16 else self.render_dtype(dt)
+        return f"{self.smem_prefix}{t} {name}[{size}];"
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         if dt.scalar() in (dtypes.float32, dtypes.float64):
@@ -124,6 +165,13 @@ class OpenCLRenderer(CStyleLanguage):
     def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
         if isinstance(op, _AddressOps):
             return super().render_alu(op.value, srcs, dt, src_dt)
+        if src_dt == dtypes.bfloat16:  # computed in float, the result rounded (a product before its sum)
+            f32 = dtypes.float32
+            if op in _EXACT_OPS:
+                return self.render_alu(op, srcs, dtypes.bool if dt == dtypes.bool else f32, f32)
+            if op is TernaryOps.MULACC:
+                return f"tg_round_bf16(tg_round_bf16({srcs[0]}*{srcs[1]})+{srcs[2]})"
+            return f"tg_round_bf16({self.render_alu(op, srcs, f32, f32)})"
         wrap = _UNSIGNED.get(src_dt.scalar()) if src_dt.scalar() in (dtypes.int32, dtypes.int64) else None
         if wrap is not None:
             t, u = self.render_dtype(src_dt), wrap + (str(src_dt.count) if src_dt.count > 1 else "")
@@ -178,6 +226,8 @@ class OpenCLRenderer(CStyleLanguage):
             (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar() for u in uops if u.dtype is not None
         }
         header = ["#pragma OPENCL FP_CONTRACT OFF"]
+        if dtypes.bfloat16 in used:
+            header.append(_BF16)
         if dtypes.float16 in used:
             header.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if dtypes.float64 in used:

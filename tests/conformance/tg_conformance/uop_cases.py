@@ -5,6 +5,7 @@ and compile them on worker threads (see `compile_ahead`) while the tests run one
 """
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
@@ -17,7 +18,7 @@ from tg_conformance.kernels import Kernel, KernelBuilder, alu_kernel, compile_po
 from tg_conformance.target import COMPILE, RUN, Target
 from tgcore.codegen.uops import UOps
 from tgcore.dtype import DType, dtypes
-from tgcore.ops import BinaryOps, TernaryOps
+from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
 
 
 @dataclass
@@ -189,6 +190,109 @@ def where_chain(target: Target, rng: np.random.Generator, dtype: DType) -> Case:
                      inputs=[("a", xa), ("b", xb)])
 
     return Case(b.finish(), {1: xa, 2: xb}, (dtype,), check, f"WHERE chain on {dtype.short_name}")
+
+
+def negative_constants(dtype: DType) -> list[float]:
+    """The negative constants (and -0.0) a renderer must spell so that they survive `x - c`, `-c` and `x * c`."""
+    if dtypes.is_int(dtype):
+        lo = ref.int_range(dtype)[0]
+        return [-1, -9, lo + 1, lo]
+    # -0.1: not a value of any float dtype but float64, so the renderer (or interpreter) must round it to the dtype
+    return [-0.0, -1.5, -9.0, -0.1, -ref.float_tiny(dtype), -ref.float_max(dtype), -math.inf]
+
+
+def const_operand(target: Target, rng: np.random.Generator, dtype: DType, value: float) -> Case:
+    """A constant as the right operand, and under NEG: out0 = x - c, out1 = x + c, out2 = x * c, out3 = x - NEG(c),
+    out4 = MAX(x, c), out5 = (x == c) (the constant is a CONST uop with the value as given, which the renderer must
+    round to the dtype; the first lanes of x hold the rounded constant itself)."""
+    n = 24
+    b = KernelBuilder(target.renderer, kernel_name("const_operand", dtype.short_name, _value_name(value)))
+    outs = [b.buffer(dtype, n, writable=True) for _ in range(5)] + [b.buffer(dtypes.bool, n, writable=True)]
+    src = b.buffer(dtype, n)
+    c = b.const(dtypes.as_const(value, dtype), dtype)
+    i = b.global_index(n)
+    x = b.load(src, i)
+    negated = b.alu(UnaryOps.NEG, dtype, c)
+    ops = [BinaryOps.SUB, BinaryOps.ADD, BinaryOps.MUL, BinaryOps.SUB, BinaryOps.MAX, BinaryOps.CMPEQ]
+    for out, op, rhs in zip(outs, ops, [c, c, c, negated, c, c]):
+        b.store(out, i, b.alu(op, ref.result_dtype(op, dtype), x, rhs))
+    cs = ref.make_array([value] * n, dtype)
+    xs = np.concatenate([cs[:2], _some_values(dtype, n - 2, rng)])
+    what = f"x OP const {ref.fmt(cs[0], dtype)} on {dtype.short_name}"
+
+    def check(res: list[np.ndarray]) -> None:
+        neg = ref.alu_reference(UnaryOps.NEG, dtype, [cs])
+        for k, (op, rhs) in enumerate(zip(ops, [cs, cs, cs, neg, cs, cs])):
+            exp = ref.alu_reference(op, dtype, [xs, rhs])
+            zero_free = (xs == 0) & (rhs == 0) if op is BinaryOps.MAX and dtypes.is_float(dtype) else None
+            assert_lanes(f"{what} (output {k})", target.name, op.name, [(xs, dtype), (rhs, dtype)], res[k], exp,
+                         ref.result_dtype(op, dtype), "repro_alu", (op.name, dtype.short_name),
+                         zero_sign_free=zero_free)
+
+    return Case(b.finish(), {6: xs}, (dtype, dtypes.bool), check, what)
+
+
+def _value_name(value: float) -> str:
+    """A constant as part of a C identifier."""
+    return repr(value).replace("-", "m").replace(".", "p").replace("+", "")
+
+
+def contraction(target: Target, rng: np.random.Generator, dtype: DType) -> Case:
+    """out0 = a*b + c, out1 = c + a*b and out2 = a*b - NEG(c), each a MUL and an ADD or SUB uop: each must round twice
+    (no fused multiply-add, whatever the compiler's default), on inputs where one rounding gives other bits."""
+    n = 64
+    b = KernelBuilder(target.renderer, kernel_name("contraction", dtype.short_name))
+    outs = [b.buffer(dtype, n, writable=True) for _ in range(3)]
+    ua, ub, uc = b.buffer(dtype, n), b.buffer(dtype, n), b.buffer(dtype, n)
+    i = b.global_index(n)
+    a, bb, c = b.load(ua, i), b.load(ub, i), b.load(uc, i)
+    product = b.alu(BinaryOps.MUL, dtype, a, bb)
+    b.store(outs[0], i, b.alu(BinaryOps.ADD, dtype, product, c))
+    b.store(outs[1], i, b.alu(BinaryOps.ADD, dtype, c, b.alu(BinaryOps.MUL, dtype, a, bb)))
+    b.store(outs[2], i, b.alu(BinaryOps.SUB, dtype, b.alu(BinaryOps.MUL, dtype, a, bb), b.alu(UnaryOps.NEG, dtype, c)))
+    xa, xb, xc = contraction_inputs(dtype, n, rng)
+
+    def check(res: list[np.ndarray]) -> None:
+        prod = ref.alu_reference(BinaryOps.MUL, dtype, [xa, xb])
+        expected = [ref.alu_reference(BinaryOps.ADD, dtype, [prod, xc]),
+                    ref.alu_reference(BinaryOps.ADD, dtype, [xc, prod]),
+                    ref.alu_reference(BinaryOps.SUB, dtype, [prod, ref.alu_reference(UnaryOps.NEG, dtype, [xc])])]
+        for k, exp in enumerate(expected):
+            assert_array(f"a*b+c rounded twice (output {k}) on {dtype.short_name}", target.name,
+                         ref.bits_of(res[k], dtype), ref.bits_of(exp, dtype), inputs=[("a", xa), ("b", xb), ("c", xc)])
+
+    return Case(b.finish(), {3: xa, 4: xb, 5: xc}, (dtype,), check, f"a*b+c contraction on {dtype.short_name}")
+
+
+def contraction_inputs(dtype: DType, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """a, b, c where a*b+c rounded once differs from a*b rounded, then + c rounded, in every lane: c is -(a*b)
+    rounded, so the two-rounding sum is 0 and the fused one is the product's rounding error (nonzero)."""
+    compute = np.float64 if dtype == dtypes.float64 else np.float32
+    a = ref.make_array(1.0 + rng.random(n), dtype).astype(compute)
+    bv = ref.make_array(1.0 + rng.random(n), dtype).astype(compute)
+    prod = ref.round_to(a * bv, dtype).astype(compute)
+    exact = a.astype(np.float64) * bv.astype(np.float64) if dtype != dtypes.float64 else None
+    if exact is not None:  # keep the lanes whose product is inexact in the dtype
+        keep = exact != prod.astype(np.float64)
+    else:
+        keep = np.array([ref.fused_multiply_add(x, y, -p, dtype) != 0.0 for x, y, p in zip(a, bv, prod)])
+    a, bv, prod = a[keep], bv[keep], prod[keep]
+    reps = -(-n // max(len(a), 1))
+    a, bv, prod = (np.tile(v, reps)[:n] for v in (a, bv, prod))
+    return ref.make_array(a, dtype), ref.make_array(bv, dtype), ref.make_array(-prod, dtype)
+
+
+def exactness_cases() -> list[tuple[str, Callable[..., Case], dict[str, Any]]]:
+    """(name, builder, parameters) of every constant-operand case (each negative constant of each signed integer and
+    float dtype) and every contraction case (each float dtype): what a plugin's own tests run on its device."""
+    signed = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
+    out: list[tuple[str, Callable[..., Case], dict[str, Any]]] = [
+        (f"const_operand-{dt.short_name}-{_value_name(v)}", const_operand, {"dtype": dt, "value": v})
+        for dt in (*signed, *ref.FLOATS)
+        for v in negative_constants(dt)
+    ]
+    out += [(f"contraction-{dt.short_name}", contraction, {"dtype": dt}) for dt in ref.FLOATS]
+    return out
 
 
 def seeded_rng(test_name: str) -> np.random.Generator:
