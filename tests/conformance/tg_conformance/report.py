@@ -14,7 +14,7 @@ import tgcore
 from tg_conformance.target import COMPILE, RENDER, RUN, Target
 from tgcore.plugin import ALL_DTYPES, plugins
 
-LEVELS = {1: "allocator", 2: "compiler", 3: "uops", 4: "tensor ops", 5: "engine"}
+LEVELS = {1: "allocator", 2: "compiler", 3: "uops", 4: "tensor ops", 5: "engine", 6: "programs"}
 _SHORT = {"bool": "bool", "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
           "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16", "bfloat16": "bf16", "float32": "f32",
           "float64": "f64", "-": "-"}
