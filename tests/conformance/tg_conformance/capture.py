@@ -2,8 +2,10 @@
 device that can, every kernel the engine lowers for it is captured, and each is lowered again for the device under
 test, rendered by its renderer and (in compile-only mode) compiled by its compiler.
 
-A kernel's AST comes from the scheduler, which knows nothing of devices: the host schedules the same kernels the
-device under test would, and the device's own Kernel optimizer and renderer make what it would launch.
+A kernel's AST comes from the scheduler, which knows nothing of devices; above it, the tensor layer picks some dtypes
+from what the device claims (e.g. a power is formed in the next wider float where the device has one). So while a
+program runs for the device under test, the host claims only the dtypes that device claims too: it schedules the
+same kernels the device would, and the device's own Kernel optimizer and renderer make what it would launch.
 """
 from __future__ import annotations
 
@@ -55,16 +57,30 @@ def captured_kernels() -> Iterator[list[LazyOp]]:
         realize.get_runner = lower
 
 
+@contextlib.contextmanager
+def claiming_dtypes_of(target: Target, host: str) -> Iterator[None]:
+    """Inside the block the host's DeviceSpec claims only the dtypes that the target's claims too."""
+    spec = Device[host].spec
+    claimed = spec.dtypes
+    spec.dtypes = tuple(dt for dt in claimed if dt in target.spec.dtypes)
+    try:
+        yield
+    finally:
+        spec.dtypes = claimed
+
+
 def build_for_target(target: Target, asts: list[LazyOp], what: str) -> None:
     """Lower, render and (in compile-only mode) compile every kernel of `asts` for the target; one AssertionError
     naming each kernel that failed, the stage and the cause."""
     sources: list[tuple[str, Optional[str], Optional[Exception]]] = []
     for ast in asts:
+        name = "?"
         try:
-            program = realize.get_kernel(target.renderer, ast).to_program()
-            sources.append((program.name, program.src, None))
+            kernel = realize.get_kernel(target.renderer, ast)
+            name = kernel.name
+            sources.append((name, kernel.to_program().src, None))
         except Exception as e:  # every kernel is tried; the failures are listed together
-            sources.append(("?", None, e))
+            sources.append((name, None, e))
     if target.mode == COMPILE and target.compiler is not None:
         for _, src, _ in sources:
             if src is not None:
@@ -95,7 +111,7 @@ def run_program(target: Target, program: Callable[[str], T], what: str) -> Optio
         return program(target.name)
     host = host_device()
     stopped: Optional[Exception] = None
-    with captured_kernels() as asts:
+    with claiming_dtypes_of(target, host), captured_kernels() as asts:
         try:
             program(host)
         except Exception as e:  # the kernels captured so far are still built, then this is raised

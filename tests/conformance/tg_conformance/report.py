@@ -154,7 +154,8 @@ class ConformanceReport:
                     tr.write_line(f"    {line if len(line) <= MAX_LINE else line[:MAX_LINE] + ' ...'}")
                 if len(lines) > MAX_REPRO_LINES:
                     tr.write_line(f"    ... ({len(lines) - MAX_REPRO_LINES} more lines in the JSON report)")
-                tr.write_line(f"    rerun: tg-conformance --device {t.name} -k '{r['test']}'")
+                mode = {RUN: "", COMPILE: " --compile-only", RENDER: " --render-only"}[t.mode]
+                tr.write_line(f"    rerun: tg-conformance --device {t.name}{mode} -k '{r['test']}'")
         counts = self.counts()
         summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "xfailed", "xpassed")
                             if counts[k])
