@@ -13,7 +13,7 @@ within that tolerance can overturn (checked, not assumed).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +21,7 @@ import pytest
 from tg_conformance import program_reference as ref
 from tg_conformance import programs as prog
 from tg_conformance.capture import run_program
+from tg_conformance.kernels import compile_pool
 from tg_conformance.target import Target
 from tgcore.dtype import DType, dtypes
 
@@ -31,6 +32,13 @@ MAX_LISTED = 8
 MLP_SEED, MLP_DATA_SEED, CNN_SEED, CNN_DATA_SEED, BLOCK_SEED = 1, 2, 3, 4, 5
 GPT2_SEED, LLAMA_SEED = 12, 14
 PROMPT = [1, 7, 22, 5, 40]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_pool() -> Iterator[None]:
+    """In compile-only mode the programs' kernels are compiled on the pool's threads; its threads end with the level."""
+    yield
+    compile_pool.close()
 
 
 def program_tolerance(target: Target) -> tuple[float, float]:
