@@ -8,17 +8,19 @@ float64, so a device's float32 result is compared with (nearly) the exact one.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 Weights = dict[str, np.ndarray]
 Grads = dict[str, np.ndarray]
+Batches = list[tuple[np.ndarray, np.ndarray]]  # (inputs, integer labels) per step
 
 GELU_C = math.sqrt(2 / math.pi)  # GELU in its tanh form: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
 
 
 def f64(w: Weights) -> Weights:
+    """The weights in float64."""
     return {k: v.astype(np.float64) for k, v in w.items()}
 
 
@@ -37,19 +39,23 @@ def linear_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray) -> tuple[np.nd
 
 
 def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx of max(x, 0)."""
     return dy * (x > 0)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh form."""
     return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x**3)))
 
 
 def gelu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx of gelu(x)."""
     t = np.tanh(GELU_C * (x + 0.044715 * x**3))
     return dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_C * (1 + 3 * 0.044715 * x * x))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x)."""
     return x / (1 + np.exp(-x))
 
 
@@ -72,15 +78,18 @@ def layernorm_backward(cache: tuple, dy: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis."""
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
 def softmax_backward(p: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """The gradient of softmax's input, from its output p and the gradient dp of p."""
     return p * (dp - (dp * p).sum(-1, keepdims=True))
 
 
@@ -149,6 +158,7 @@ def batchnorm_train_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: fl
 
 
 def batchnorm_train_backward(cache: tuple, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx, dw, db) of batchnorm_train_forward (the batch statistics depend on x too)."""
     xhat, invstd, w = cache[:3]
     axes = (0, 2, 3)
     dw, db = (dy * xhat).sum(axes), dy.sum(axes)
@@ -167,6 +177,7 @@ def maxpool2_forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def maxpool2_backward(hit: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """dx of maxpool2_forward."""
     # a window of equal values (zeros after a ReLU) shares the gradient, as tgcore's max does; a ReLU before the
     # pool makes that gradient 0 again, so how ties are split does not change the result
     share = hit / hit.sum((3, 5), keepdims=True)
@@ -341,7 +352,8 @@ def llama_logits(p: Weights, cfg: Any, tokens: list[int]) -> np.ndarray:
     return linear_forward(rmsnorm(h, p["norm.weight"], cfg.norm_eps), p["output.weight"], None)
 
 
-def greedy(logits_fn: Any, prompt: list[int], n_new: int) -> tuple[list[int], list[np.ndarray]]:
+def greedy(logits_fn: Callable[[list[int]], np.ndarray], prompt: list[int],
+           n_new: int) -> tuple[list[int], list[np.ndarray]]:
     """Greedy generation by recomputing the whole sequence each step: the new tokens and each step's last logits."""
     tokens, new, logits = list(prompt), [], []
     for _ in range(n_new):
@@ -359,8 +371,7 @@ def top2_margin(logits: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
-def train_mlp(weights: Weights, batches: list[tuple[np.ndarray, np.ndarray]],
-              opt: SGDState | AdamState) -> tuple[list[float], Weights]:
+def train_mlp(weights: Weights, batches: Batches, opt: SGDState | AdamState) -> tuple[list[float], Weights]:
     """Each batch's loss (before its update) and the parameters after the last step."""
     p, losses = f64(weights), []
     for x, y in batches:
@@ -370,7 +381,7 @@ def train_mlp(weights: Weights, batches: list[tuple[np.ndarray, np.ndarray]],
     return losses, p
 
 
-def train_cnn(weights: Weights, batches: list[tuple[np.ndarray, np.ndarray]], opt: AdamState, momentum: float,
+def train_cnn(weights: Weights, batches: Batches, opt: AdamState, momentum: float,
               eps: float) -> tuple[list[float], Weights]:
     """Each batch's loss and the parameters and BatchNorm running statistics after the last step (the running
     variance is updated with the unbiased batch variance)."""

@@ -18,6 +18,7 @@ from tgcore.nn.optim import SGD, Adam, Optimizer
 from tgcore.nn.state import get_parameters, get_state_dict
 
 Weights = dict[str, np.ndarray]
+Batches = list[tuple[np.ndarray, np.ndarray]]  # (inputs, integer labels) per step
 StartPos = Union[int, Variable]
 
 
@@ -70,6 +71,7 @@ class MLP:
 
 
 def mlp_weights(seed: int) -> Weights:
+    """The MLP's weights, seeded."""
     rng = np.random.default_rng(seed)
     w: Weights = {}
     _linear(rng, w, "l1", MLP_SHAPE[0], MLP_SHAPE[1])
@@ -77,8 +79,7 @@ def mlp_weights(seed: int) -> Weights:
     return w
 
 
-def classification_batches(seed: int, steps: int, shape: tuple[int, ...], classes: int) -> list[tuple[np.ndarray,
-                                                                                                   np.ndarray]]:
+def classification_batches(seed: int, steps: int, shape: tuple[int, ...], classes: int) -> Batches:
     """`steps` batches of standard normal inputs of `shape` and random labels."""
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(shape).astype(np.float32), rng.integers(0, classes, shape[0]).astype(np.int32))
@@ -86,11 +87,11 @@ def classification_batches(seed: int, steps: int, shape: tuple[int, ...], classe
 
 
 def make_optimizer(name: str, params: list[Tensor]) -> Optimizer:
+    """The optimizer named `name` ("sgd" or "adam") with the level's settings."""
     return SGD(params, **SGD_ARGS) if name == "sgd" else Adam(params, **ADAM_ARGS)
 
 
-def train_mlp(device: str, optimizer: str, weights: Weights,
-              batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[float], Weights]:
+def train_mlp(device: str, optimizer: str, weights: Weights, batches: Batches) -> tuple[list[float], Weights]:
     """One TinyJit'd training step per batch (the first runs, the second records, the rest replay); returns each
     step's loss (before its update) and the parameters after the last step."""
     model = MLP(*MLP_SHAPE)
@@ -131,6 +132,7 @@ class CNN:
 
 
 def cnn_weights(seed: int) -> Weights:
+    """The CNN's weights and BatchNorm statistics (running mean 0, variance 1, no batch seen), seeded."""
     rng = np.random.default_rng(seed)
     c, h, w = CNN_INPUT[1:]
     out: Weights = {"conv.weight": _normal(rng, CNN_CHANNELS, c, 3, 3, std=1 / math.sqrt(c * 9)),
@@ -143,8 +145,7 @@ def cnn_weights(seed: int) -> Weights:
     return out
 
 
-def train_cnn(device: str, weights: Weights,
-              batches: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[float], Weights]:
+def train_cnn(device: str, weights: Weights, batches: Batches) -> tuple[list[float], Weights]:
     """Adam steps in training mode (BatchNorm on batch statistics, running statistics updated), not jitted."""
     model = CNN()
     load_weights(model, weights, device)
@@ -182,6 +183,8 @@ class BlockAttention:
 
 
 class BlockMLP:
+    """Linear -> GELU -> Linear, four times wider inside."""
+
     def __init__(self, dim: int) -> None:
         self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
@@ -237,6 +240,8 @@ def block_forward_backward(device: str, weights: Weights, x: np.ndarray,
 
 @dataclass(frozen=True)
 class DecoderConfig:
+    """The sizes of a decoder (n_kv_heads and rope_theta are read by the LLaMA-style one only)."""
+
     dim: int = 32
     n_heads: int = 4
     n_kv_heads: int = 4
@@ -254,6 +259,8 @@ NEW_TOKENS = 16
 
 
 class GPT2Attention:
+    """Causal multi-head self-attention reading and writing a KV cache of max_context positions."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.c_attn, self.c_proj = nn.Linear(cfg.dim, 3 * cfg.dim), nn.Linear(cfg.dim, cfg.dim)
         self.dim, self.n_heads, self.head_dim, self.max_context = (cfg.dim, cfg.n_heads, cfg.dim // cfg.n_heads,
@@ -282,6 +289,8 @@ class GPT2Attention:
 
 
 class GPT2FeedForward:
+    """Linear -> GELU -> Linear."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.c_fc, self.c_proj = nn.Linear(cfg.dim, cfg.hidden_dim), nn.Linear(cfg.hidden_dim, cfg.dim)
 
@@ -290,6 +299,8 @@ class GPT2FeedForward:
 
 
 class GPT2Block:
+    """Pre-norm block: LayerNorm, attention, residual; LayerNorm, feed-forward, residual."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.attn, self.mlp = GPT2Attention(cfg), GPT2FeedForward(cfg)
         self.ln_1, self.ln_2 = nn.LayerNorm(cfg.dim, cfg.norm_eps), nn.LayerNorm(cfg.dim, cfg.norm_eps)
@@ -371,6 +382,8 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 class RMSNorm:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+
     def __init__(self, dim: int, eps: float) -> None:
         self.eps, self.weight = eps, Tensor.ones(dim)
 
@@ -379,6 +392,8 @@ class RMSNorm:
 
 
 class LlamaAttention:
+    """Grouped-query causal attention with rotary embeddings, reading and writing a KV cache."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.dim // cfg.n_heads
         self.n_rep, self.max_context = cfg.n_heads // cfg.n_kv_heads, cfg.max_context
@@ -411,6 +426,8 @@ class LlamaAttention:
 
 
 class LlamaFeedForward:
+    """w2(silu(w1 x) * w3 x)."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.w1 = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
         self.w2 = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
@@ -421,6 +438,8 @@ class LlamaFeedForward:
 
 
 class LlamaBlock:
+    """Pre-norm block with RMSNorm, realized at its end as a whole."""
+
     def __init__(self, cfg: DecoderConfig) -> None:
         self.attention, self.feed_forward = LlamaAttention(cfg), LlamaFeedForward(cfg)
         self.attention_norm, self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps), RMSNorm(cfg.dim, cfg.norm_eps)
@@ -471,6 +490,7 @@ class Llama:
 
 
 def gpt2_weights(seed: int, cfg: DecoderConfig = GPT2_CONFIG) -> Weights:
+    """The GPT-2-style decoder's weights, seeded; queries and keys and the LM head scaled up for decisive logits."""
     rng = np.random.default_rng(seed)
     w: Weights = {"wte.weight": _normal(rng, cfg.vocab_size, cfg.dim, std=1.0),
                   "wpe.weight": _normal(rng, cfg.max_context, cfg.dim, std=0.5)}
@@ -490,6 +510,7 @@ def gpt2_weights(seed: int, cfg: DecoderConfig = GPT2_CONFIG) -> Weights:
 
 
 def llama_weights(seed: int, cfg: DecoderConfig = LLAMA_CONFIG) -> Weights:
+    """The LLaMA-style decoder's weights, seeded; queries and keys and the output scaled up for decisive logits."""
     rng = np.random.default_rng(seed)
     hd = cfg.dim // cfg.n_heads
     w: Weights = {"tok_embeddings.weight": _normal(rng, cfg.vocab_size, cfg.dim, std=1.0)}
