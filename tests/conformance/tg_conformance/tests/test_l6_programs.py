@@ -83,12 +83,13 @@ def _losses(values: list[float]) -> dict[str, np.ndarray]:
 # ***** training *****
 
 @pytest.mark.tg_op("MLP training")
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("op", ["SGD", "Adam"])  # the optimizer (as `op`, it names the row of the report's table)
 @pytest.mark.parametrize("dtype", F32)
-def test_mlp_training(target: Target, optimizer: str, dtype: DType) -> None:
+def test_mlp_training(target: Target, op: str, dtype: DType) -> None:
     """Linear -> ReLU -> Linear with cross-entropy; a TinyJit'd step per batch (SGD with momentum and weight decay,
     or Adam); each step's loss and the parameters after the last step."""
     target.require(dtype)
+    optimizer = op.lower()
     weights = prog.mlp_weights(MLP_SEED)
     batches = prog.classification_batches(MLP_DATA_SEED, prog.MLP_STEPS, (prog.MLP_BATCH, prog.MLP_SHAPE[0]),
                                           prog.MLP_SHAPE[2])
