@@ -171,9 +171,10 @@ def check_generation(target: Target, name: str, gen: prog.Generation, recomputed
     cached, whole = [], []
     for step, logits in enumerate(gen.logits):
         where = "prompt" if step == 0 else f"decode step {step} (start_pos={len(PROMPT) + step - 1})"
-        cached += tensor_problems(where, {"logits": logits}, {"logits": numpy_rows[step]}, tol)
-        whole += tensor_problems(f"recomputing the sequence of {where} without the cache:", {"logits": recomputed_rows[
-            step]}, {"logits": numpy_rows[step]}, tol)
+        expected = {"logits": numpy_rows[step]}
+        cached += tensor_problems(where, {"logits": logits}, expected, tol)
+        whole += tensor_problems(f"recomputing the sequence of {where} without the cache:",
+                                 {"logits": recomputed_rows[step]}, expected, tol)
     if cached and not whole:
         problems.append("recomputing every sequence whole (no cache, no jit) matches numpy: what differs is the "
                         "generation (the KV cache written through shrink().assign(), TinyJit, the symbolic start_pos)")
