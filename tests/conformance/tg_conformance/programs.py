@@ -467,9 +467,9 @@ class Llama:
     def sequence_logits(self, tokens: Tensor, start_pos: StartPos) -> Tensor:
         """The logits at every position of `tokens`, which start at `start_pos` (bsz, seqlen, vocab_size)."""
         device = self.tok_embeddings.weight.device
-        if self.freqs_cis is None:
+        if self.freqs_cis is None:  # left lazy: each step's kernels compute the cos and sin of its shrunk positions
             self.freqs_cis = precompute_freqs_cis(self.cfg.dim // self.cfg.n_heads, self.cfg.max_context,
-                                                  self.cfg.rope_theta, device).realize()
+                                                  self.cfg.rope_theta, device)
         seqlen = tokens.shape[1]
         freqs_cis = self.freqs_cis.shrink((None, (start_pos, start_pos + seqlen), None, None, None))
         h = self.tok_embeddings(tokens)
