@@ -22,8 +22,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("-v", action="store_true", help="list every test as it runs")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--compile-only", action="store_true",
-                      help="render and compile every uop kernel without running anything")
-    mode.add_argument("--render-only", action="store_true", help="only render every uop kernel")
+                      help="render and compile every kernel without running anything on the device (the level-6 "
+                           "programs run on a host device: $TG_CONFORMANCE_HOST, else tgcore's default, else PYTHON)")
+    mode.add_argument("--render-only", action="store_true", help="only render every kernel")
     return p.parse_args(argv)
 
 

@@ -11,9 +11,9 @@ OPTIONS: list[tuple[str, dict]] = [
     ("--device", {"default": None, "help": "tg-conformance: the device to test (default: $TG_CONFORMANCE_DEVICE, "
                                            "else tgcore's default device)"}),
     ("--compile-only", {"action": "store_true", "default": False,
-                        "help": "tg-conformance: render and compile every uop kernel, run nothing"}),
+                        "help": "tg-conformance: render and compile every kernel, run nothing on the device"}),
     ("--render-only", {"action": "store_true", "default": False,
-                       "help": "tg-conformance: only render every uop kernel"}),
+                       "help": "tg-conformance: only render every kernel"}),
     ("--tg-json", {"default": None, "metavar": "PATH", "help": "tg-conformance: write the JSON report to PATH"}),
 ]
 

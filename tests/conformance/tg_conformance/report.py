@@ -14,7 +14,7 @@ import tgcore
 from tg_conformance.target import COMPILE, RENDER, RUN, Target
 from tgcore.plugin import ALL_DTYPES, plugins
 
-LEVELS = {1: "allocator", 2: "compiler", 3: "uops", 4: "tensor ops", 5: "engine"}
+LEVELS = {1: "allocator", 2: "compiler", 3: "uops", 4: "tensor ops", 5: "engine", 6: "programs"}
 _SHORT = {"bool": "bool", "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16", "int32": "i32",
           "uint32": "u32", "int64": "i64", "uint64": "u64", "float16": "f16", "bfloat16": "bf16", "float32": "f32",
           "float64": "f64", "-": "-"}
@@ -154,7 +154,8 @@ class ConformanceReport:
                     tr.write_line(f"    {line if len(line) <= MAX_LINE else line[:MAX_LINE] + ' ...'}")
                 if len(lines) > MAX_REPRO_LINES:
                     tr.write_line(f"    ... ({len(lines) - MAX_REPRO_LINES} more lines in the JSON report)")
-                tr.write_line(f"    rerun: tg-conformance --device {t.name} -k '{r['test']}'")
+                mode = {RUN: "", COMPILE: " --compile-only", RENDER: " --render-only"}[t.mode]
+                tr.write_line(f"    rerun: tg-conformance --device {t.name}{mode} -k '{r['test']}'")
         counts = self.counts()
         summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "xfailed", "xpassed")
                             if counts[k])
