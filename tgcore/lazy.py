@@ -7,6 +7,7 @@ LazyBuffer is a ShapeTracker over a base (movement ops never compute; they only 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -27,6 +28,9 @@ class LazyBuffer:
     # error to raise when it is not 0, its message); realizing the base, or anything read from it, computes each
     # count first, on the device, and raises before any kernel that reads the invalid data runs
     checks: tuple[tuple[LazyBuffer, type, str], ...] = ()
+    # weak references to the bases that read this one (set on the first): a kernel that writes this base's memory
+    # (an ASSIGN) first computes those not yet computed, so they see the old contents (engine/schedule.py)
+    readers: list[weakref.ref[LazyBuffer]]
 
     def __init__(
         self,
@@ -47,6 +51,13 @@ class LazyBuffer:
             if (supported := _SUPPORTED.get(device)) is None or supported.get(id(dtype)) is not dtype:
                 _check_dtype(device, dtype)
             self.op, self.arg, self.srcs = op, arg, srcs
+            for src in srcs:  # each base this one reads learns of it (an assign into that base computes it first)
+                b = src._base or src
+                if (readers := b.__dict__.get("readers")) is None:
+                    b.readers = readers = []
+                elif len(readers) >= 64 and not len(readers) & 63:
+                    readers[:] = [r for r in readers if r() is not None]
+                readers.append(weakref.ref(self))
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
             # an ASSIGN writes into the buffer of its target; a CONST gets its Buffer only if asked (__getattr__):

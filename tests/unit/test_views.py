@@ -183,3 +183,42 @@ def test_assign_into_a_view_checks_the_shape() -> None:
     t, _ = arange(4, 4)
     with pytest.raises(ValueError, match="same shape"):
         t[1:3].assign(Tensor.ones(3, 4))
+
+
+def test_a_graph_built_before_an_assign_reads_the_old_values() -> None:
+    a = Tensor([1.0, 2.0]).realize()
+    b = a * 2  # not computed yet
+    s = (a * 3).sum()
+    a.assign(a + 10).realize()
+    np.testing.assert_array_equal(b.numpy(), [2.0, 4.0])
+    assert s.item() == 9.0
+    np.testing.assert_array_equal(a.numpy(), [11.0, 12.0])
+
+
+def test_a_graph_built_before_a_write_through_a_view_reads_the_old_values() -> None:
+    z = Tensor.zeros(3)
+    y = z + 1
+    z[0] = 5
+    np.testing.assert_array_equal(y.numpy(), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(z.numpy(), [5.0, 0.0, 0.0])
+
+
+def test_the_loss_of_a_training_step_is_the_loss_before_the_step() -> None:
+    from tgcore.nn import Linear
+    from tgcore.nn.optim import SGD
+
+    for realized in (False, True):
+        Tensor.manual_seed(0)
+        layer = Linear(4, 3)
+        opt = SGD([layer.weight, layer.bias], lr=0.5)
+        if realized:
+            Tensor.realize(layer.weight, layer.bias)
+        x, y = Tensor.randn(5, 4).realize(), Tensor([0, 1, 2, 0, 1])
+        with Tensor.train():
+            opt.zero_grad()
+            loss = layer(x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            before = layer(x).sparse_categorical_crossentropy(y).item()
+            opt.step()
+            after = layer(x).sparse_categorical_crossentropy(y).item()
+        assert loss.item() == before != after

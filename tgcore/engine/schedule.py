@@ -309,8 +309,12 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
     if not bases:
         return [], {}
     graph_key = _graph_key(bases)
-    if graph_key is not None and (template := _schedule_cache.get(graph_key[0])) is not None:
-        return _instantiate(template, graph_key[1], graph_key[2]), {}
+    if graph_key is not None:
+        nodes = graph_key[1]
+        if any(n.op is LoadOps.ASSIGN for n in nodes) and any(_old_value_readers(nodes, set(nodes))):
+            graph_key = None  # this schedule depends on who else reads the assigned memory: not one to reuse
+        elif (template := _schedule_cache.get(graph_key[0])) is not None:
+            return _instantiate(template, graph_key[1], graph_key[2]), {}
     schedule, var_vals = _create_schedule(bases)
     if graph_key is not None and not var_vals:
         key, nodes, leaves = graph_key
@@ -449,8 +453,52 @@ def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[Lazy
     return [ScheduleItem(ast, (every[out],), tuple(map(pick, refs)), {}) for ast, out, refs in template]
 
 
+def _outside(ref: Any, inside: Any) -> bool:
+    """Whether a reader (a weak reference) is alive, not computed yet, and not part of the graph being scheduled."""
+    r = ref()
+    return r is not None and r.realized is None and r not in inside and not Device.storage_only(r.device)
+
+
+def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyBuffer], list[LazyBuffer]]:
+    """What an ASSIGN in the graph (`order`: its unrealized bases, sources first) must not let read the new contents of
+    its target: `b = a * 2; a.assign(a + 10)` must leave b twice the old a, as in numpy, and the loss a training step
+    returns must be the loss before the step. Returns (bases outside the graph that read a target: computed in this
+    schedule too, the outermost of them; bases inside it that read a target, directly or through what is inlined,
+    and are read from outside: realized, so those readers find the old values). Every kernel that reads a target's
+    old contents runs before the assign."""
+    targets = {a.srcs[1].base for a in order if a.op is LoadOps.ASSIGN}
+    if not targets:
+        return [], []
+    tainted: set[LazyBuffer] = set()
+    for n in order:
+        if n.op is not LoadOps.ASSIGN and any(s.base in targets or s.base in tainted for s in n.srcs):
+            tainted.add(n)
+    force = [n for n in order if n in tainted and any(_outside(r, inside) for r in n.__dict__.get("readers", ()))]
+    found: dict[LazyBuffer, None] = {}
+    for target in targets:
+        for ref in target.__dict__.get("readers", ()):
+            if _outside(ref, inside) and not ((r := ref()).op is LoadOps.ASSIGN and r.buffer is target.buffer):
+                found[r] = None
+    if not found:
+        return [], force
+    below: set[LazyBuffer] = set()  # what those readers read: computed with the outermost ones, not as outputs
+    stack = list(found)
+    while stack:
+        for src in stack.pop().srcs:
+            sb = src.base
+            if sb.realized is None and sb not in below:
+                below.add(sb)
+                stack.append(sb)
+    return [r for r in found if r not in below], force
+
+
 def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     graph = _Graph(bases)
+    extra, force = _old_value_readers(graph.post_order, graph.seen)
+    if extra or force:
+        for b in force:
+            b.forced_realize = True
+        graph = _Graph(bases + [b for b in extra if b not in bases])
     items: dict[LazyBuffer, ScheduleItem] = {b: _KernelBuilder(graph, b).build() for b in graph.realizes}
     for count, check in graph.checks.items():
         items[count].check = check
