@@ -91,3 +91,12 @@ def test_checks_under_tinyjit() -> None:
 def test_checks_can_be_turned_off() -> None:
     with Context(CHECK_DATA=0):
         np.testing.assert_array_equal(Tensor([1.0, 2.0])[Tensor([5])].numpy(), [0.0])  # the unchecked one-hot answer
+
+
+def test_a_cached_schedule_keeps_its_checks() -> None:
+    """The second time a graph is seen its schedule comes from the cache: the check must come with it."""
+    t = Tensor(np.arange(5, dtype=np.float32)).realize()
+    for k in (0, 3, 4, 1):
+        np.testing.assert_array_equal((t[Tensor([k]).realize()] + 1).numpy(), [k + 1])
+    with pytest.raises(IndexOutOfRangeError):
+        (t[Tensor([7]).realize()] + 1).numpy()

@@ -335,7 +335,7 @@ _CACHEABLE = frozenset(
 _SCHEDULE_CACHE_SIZE = 4096
 # a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
 # its leaves (the realized buffers it reads)
-_Template = list[tuple[LazyOp, int, tuple[int, ...]]]
+_Template = list[tuple[LazyOp, int, tuple[int, ...], Optional[tuple[type, str]]]]
 _schedule_cache: dict[tuple[Any, ...], _Template] = {}
 
 
@@ -368,13 +368,20 @@ def _graph_key(
                 sb = s._base or s
                 if sb.realized is None and sb not in nodes:
                     stack.append((sb, False))
+            for count, _, _ in b.checks:  # a check's count is part of the schedule too
+                if count.base.realized is None and count.base not in nodes:
+                    stack.append((count.base, False))
             continue
         op, arg = b.op, b.arg
-        if op not in _CACHEABLE or b.checks:
+        if op not in _CACHEABLE:
             return None
         if isinstance(arg, Node) or not _plain_ints(b.shape):
             return None
         srcs = []
+        for count, error, message in b.checks:
+            if count.base.realized is not None:
+                return None  # (a count computed before: read back when it is scheduled, not reused)
+            srcs.append(("check", nodes[count.base], error, message))
         for s in b.srcs:
             sb = s._base or s
             st = s.st if s is not sb else None
@@ -426,7 +433,9 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
             parts.append((const, _arg_key(arg), sb.dtype.name, sb.device, sb.shape, sb.forced_realize, ()))
         srcs.append((True, index, st))
     op, arg = b.op, b.arg
-    if op not in _CACHEABLE or b.checks:
+    if b.checks:
+        return _NOT_FLAT
+    if op not in _CACHEABLE:
         return None
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
@@ -443,14 +452,14 @@ def _template(schedule: list[ScheduleItem], nodes: list[LazyBuffer], leaves: lis
             return None
         if any(x not in index for x in si.inputs):
             return None
-        out.append((si.ast, index[si.outputs[0]], tuple(index[x] for x in si.inputs)))
+        out.append((si.ast, index[si.outputs[0]], tuple(index[x] for x in si.inputs), si.check))
     return out
 
 
 def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> list[ScheduleItem]:
     every = nodes + leaves
     pick = every.__getitem__
-    return [ScheduleItem(ast, (every[out],), tuple(map(pick, refs)), {}) for ast, out, refs in template]
+    return [ScheduleItem(ast, (every[out],), tuple(map(pick, refs)), {}, check) for ast, out, refs, check in template]
 
 
 def _outside(ref: Any, inside: Any) -> bool:
