@@ -311,11 +311,18 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
     graph_key = _graph_key(bases)
     if graph_key is not None:
         nodes = graph_key[1]
-        if any(n.op is LoadOps.ASSIGN for n in nodes) and any(_old_value_readers(nodes, set(nodes))):
-            graph_key = None  # this schedule depends on who else reads the assigned memory: not one to reuse
-        elif (template := _schedule_cache.get(graph_key[0])) is not None:
+        if any(n.op is LoadOps.ASSIGN for n in nodes):
+            extra, force = _old_value_readers(nodes, set(nodes))
+            if extra or force:  # the graph grows by them (forced_realize is part of the key)
+                for b in force:
+                    b.forced_realize = True
+                bases = bases + [b for b in extra if b not in bases]
+                graph_key = _graph_key(bases)
+        if graph_key is not None and (template := _schedule_cache.get(graph_key[0])) is not None:
             return _instantiate(template, graph_key[1], graph_key[2]), {}
-    schedule, var_vals = _create_schedule(bases)
+        schedule, var_vals = _create_schedule(bases, readers_known=True)
+    else:
+        schedule, var_vals = _create_schedule(bases)
     if graph_key is not None and not var_vals:
         key, nodes, leaves = graph_key
         if (template := _template(schedule, nodes, leaves)) is not None:
@@ -501,9 +508,11 @@ def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyB
     return [r for r in found if r not in below], force
 
 
-def _create_schedule(bases: list[LazyBuffer]) -> tuple[list[ScheduleItem], dict[Variable, int]]:
+def _create_schedule(
+    bases: list[LazyBuffer], readers_known: bool = False
+) -> tuple[list[ScheduleItem], dict[Variable, int]]:
     graph = _Graph(bases)
-    extra, force = _old_value_readers(graph.post_order, graph.seen)
+    extra, force = ([], []) if readers_known else _old_value_readers(graph.post_order, graph.seen)
     if extra or force:
         for b in force:
             b.forced_realize = True
