@@ -160,7 +160,8 @@ class Tensor:
 
     @property
     def T(self) -> Tensor:
-        return self.transpose()
+        """The first two axes swapped (tinygrad's); a tensor of fewer than 2 dimensions itself (numpy's, torch's)."""
+        return self.transpose() if self.ndim >= 2 else self
 
     class train(contextlib.ContextDecorator):
         """`with Tensor.train():` or `@Tensor.train()`: set Tensor.training to `mode` inside, restore it after."""
@@ -596,7 +597,9 @@ class Tensor:
 
     def backward(self, gradient: Optional[Tensor] = None) -> Tensor:
         """Accumulate d(self)/d(x) into x.grad for every x that requires grad."""
-        if self._ctx is None and not self.requires_grad:
+        if self._ctx is None and self.requires_grad is False:
+            # (requires_grad None: nothing said either way, as a model's weights before an optimizer takes them;
+            # tinygrad then does nothing, and so does this)
             raise RuntimeError(
                 "backward() of a tensor that does not require grad: nothing it was computed from requires grad "
                 "(set requires_grad=True on the inputs to differentiate; comparisons and bitwise ops pass no gradient)"
@@ -641,9 +644,9 @@ class Tensor:
                 raise TypeError(f"reshape sizes must be ints (or -1, None, a Variable), got {new_shape!r}")
         new_shape = tuple(int(s) if isinstance(s, np.integer) else s for s in new_shape)
         if sum(1 for s in new_shape if s == -1) > 1:
-            raise ValueError(f"reshape can infer only one dimension, got {new_shape}")
+            raise ShapeError(f"reshape can infer only one dimension, got {new_shape}")
         if any(s is not None and not isinstance(s, Node) and s < -1 for s in new_shape):
-            raise ValueError(f"reshape sizes must be >= 0 (or -1 for one inferred size), got {new_shape}")
+            raise ShapeError(f"reshape sizes must be >= 0 (or -1 for one inferred size), got {new_shape}")
         resolved = []
         for i, s in enumerate(new_shape):
             if s is None:
@@ -676,6 +679,8 @@ class Tensor:
 
     def permute(self, order: Any, *args: Any) -> Tensor:
         order_t = tuple(self._resolve_dim(d) for d in argfix(order, *args))
+        if len(order_t) != self.ndim:
+            raise ShapeError(f"permute needs one axis per dimension ({self.ndim}), got {order_t}")
         if sorted(order_t) != list(range(self.ndim)):
             raise AxisError(f"permute needs a permutation of the {self.ndim} axes, got {order_t}")
         return F.Permute.apply(self, order=order_t)
@@ -726,6 +731,8 @@ class Tensor:
         if self.ndim == 0:
             return self.reshape(1)
         s, e = self._resolve_dim(start_dim), self._resolve_dim(end_dim)
+        if s > e:
+            raise AxisError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} (shape {self.shape})")
         return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self, dim: int, sizes: tuple[int, ...]) -> Tensor:
@@ -759,6 +766,11 @@ class Tensor:
         else:
             idx += [slice(None)] * (self.ndim - n_real)
         plan = _IndexPlan()
+        # numpy's rule for where the broadcast index axes go: in place of the advanced indices (ints count as such
+        # once there is an array) if those stand together, else first
+        advanced_at = [k for k, i in enumerate(idx) if i is not None and not isinstance(i, slice)]
+        has_array = any(isinstance(idx[k], (Tensor, list, tuple, np.ndarray)) for k in advanced_at)
+        plan.front = has_array and advanced_at != list(range(advanced_at[0], advanced_at[0] + len(advanced_at)))
         dim = 0
         for i in idx:
             if i is None:
@@ -808,6 +820,8 @@ class Tensor:
                 )
             if i.device != self.device:
                 raise IndexError(f"index tensor is on {i.device}, the tensor on {self.device}")
+            if size == 0 and i.numel() != 0:
+                raise IndexOutOfRangeError(f"index into axis {dim} of size 0: no index is in range")
             wrapped = (i < 0).where(i + size, i)
             if isinstance(size, int):  # checked on the device when the result is realized
                 bad = (i < -size) | (i >= size)
@@ -845,7 +859,7 @@ class Tensor:
             v = v.flip(tuple(d for d, f in enumerate(plan.flips) if f))
         return v.pad(tuple((a, s - b) for (a, b), s in zip(plan.shrink, self.shape)))
 
-    def _advanced_index(self, advanced: list[tuple[int, Tensor]]) -> Tensor:
+    def _advanced_index(self, advanced: list[tuple[int, Tensor]], front: bool = False) -> Tensor:
         """Select with integer index tensors on axes `advanced` (one-hot masks reduced away, so it has a gradient)."""
         dims, index = [d for d, _ in advanced], [t for _, t in advanced]
         b_shape = _broadcast_shape(*[t.shape for t in index])
@@ -857,8 +871,8 @@ class Tensor:
             hit = t._broadcast_to(b_shape).unsqueeze(-1) == Tensor.arange(size, device=self.device)
             hit = hit.reshape(b_shape + (size,) + (1,) * (len(dims) - 1 - j))
             x = hit.where(x, 0).sum(len(rest) + len(b_shape)).cast(self.dtype)
-        # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (as tinygrad)
-        first = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+        # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (numpy's rule)
+        first = dims[0] if not front and dims == list(range(dims[0], dims[0] + len(dims))) else 0
         nb = len(b_shape)
         order = list(range(first)) + [len(rest) + k for k in range(nb)] + list(range(first, len(rest)))
         return x.permute(order)
@@ -867,7 +881,7 @@ class Tensor:
         """numpy indexing: ints, slices (any step), None, Ellipsis, and lists or integer Tensors (advanced)."""
         plan = self._index_plan(indices)
         x = self._basic_index(plan)
-        return x._advanced_index(plan.advanced) if plan.advanced else x
+        return x._advanced_index(plan.advanced, plan.front) if plan.advanced else x
 
     def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
         """Write `v` (broadcast, cast to this dtype) into the indexed part: in place when this tensor is realized."""
@@ -1020,6 +1034,8 @@ class Tensor:
         """The axes a reduction over `axis` (None: every axis) covers, resolved; a repeated axis raises, as numpy's."""
         if axis is None:
             return tuple(range(self.ndim))
+        if not isinstance(axis, (int, np.integer, tuple, list)):
+            raise TypeError(f"axis must be an int or a tuple of ints, got {type(axis).__name__} {axis!r}")
         named = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
         for a in named:
             if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
@@ -1047,6 +1063,9 @@ class Tensor:
         return self._reduce(F.Max, axis, keepdim)
 
     def min(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
+        """The smallest element over `axis` (all axes by default); NaN wins; an axis of size 0 raises ValueError."""
+        if any(self.shape[a] == 0 for a in self._reduce_axes(axis)):
+            raise ValueError(f"min over an axis of size 0 (shape {self.shape}, axis {axis}): it has no smallest one")
         if dtypes.is_int(self.dtype) or self.dtype == dtypes.bool:
             return ~((~self).max(axis=axis, keepdim=keepdim))
         return -((-self).max(axis=axis, keepdim=keepdim))
@@ -1069,9 +1088,15 @@ class Tensor:
     def std(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, correction: int = 1
     ) -> Tensor:
-        return self.var(axis, keepdim, correction).sqrt()
+        v = self.var(axis, keepdim, correction)
+        # sqrt of a zero variance has an infinite slope: torch's gradient there is 0, not NaN
+        zero = (v == 0).detach()
+        return zero.where(0, zero.where(1, v).sqrt())
 
     def _softmax(self, axis: int) -> tuple[Tensor, Tensor, Tensor]:
+        if self.ndim and self.shape[self._resolve_dim(axis)] == 0:  # nothing to normalize: empty results
+            empty = self.cast(least_upper_float(self.dtype))
+            return empty, empty, empty.sum(axis=axis, keepdim=True)
         m = self - self.max(axis=axis, keepdim=True)
         e = m.exp()
         return m, e, e.sum(axis=axis, keepdim=True)
@@ -1086,6 +1111,8 @@ class Tensor:
 
     def logsumexp(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(x))) computed stably; an infinite max is not subtracted (so inf stays inf, -inf stays -inf)."""
+        if any(self.shape[a] == 0 for a in self._reduce_axes(axis)):  # the log of an empty sum: -inf, as numpy's
+            return self.cast(least_upper_float(self.dtype)).sum(axis=axis, keepdim=keepdim).log()
         m = self.max(axis=axis, keepdim=True)
         m = (m.abs() == math.inf).where(0, m).detach()
         ret = (self - m).exp().sum(axis=axis, keepdim=True).log() + m
@@ -1094,7 +1121,8 @@ class Tensor:
     def argmax(self, axis: Optional[int] = None, keepdim: bool = False) -> Tensor:
         """The index of the first maximum along `axis` (of the flattened tensor when None)."""
         if axis is None:
-            return self.flatten().argmax(0)
+            flat = self.flatten().argmax(0)
+            return flat.reshape((1,) * self.ndim) if keepdim else flat
         ax = self._resolve_dim(axis)
         if self.ndim == 0:  # the one element is the largest (tinygrad's and torch's answer)
             return Tensor(0, dtype=dtypes.int32, device=self.device)
@@ -1124,13 +1152,26 @@ class Tensor:
         ret = lower.where(x.unsqueeze(-2), 0).sum(-1)  # where, not a multiply: inf * 0 would be NaN
         return ret.transpose(ax, -1)
 
+    def _cumsum(self, axis: int = 0, _first_zero: bool = False) -> Tensor:
+        """cumsum along `axis`; with _first_zero the sums before each element (0 first), as tinygrad 0.9.0's helper."""
+        out = self.cumsum(axis)
+        if not _first_zero or self.ndim == 0:
+            return out
+        ax = self._resolve_dim(axis)
+        n = self.shape[ax]
+        return out.pad(tuple((1, -1) if a == ax else None for a in range(self.ndim))) if n else out
+
     def triu(self, k: int = 0) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"triu needs a tensor of at least 2 dimensions, got shape {self.shape}")
         r, c = self.shape[-2], self.shape[-1]
         rows = Tensor.arange(r, device=self.device).unsqueeze(1)
         cols = Tensor.arange(c, device=self.device).unsqueeze(0)
         return (cols - rows >= k).where(self, 0).cast(self.dtype)
 
     def tril(self, k: int = 0) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"tril needs a tensor of at least 2 dimensions, got shape {self.shape}")
         r, c = self.shape[-2], self.shape[-1]
         rows = Tensor.arange(r, device=self.device).unsqueeze(1)
         cols = Tensor.arange(c, device=self.device).unsqueeze(0)
@@ -1228,7 +1269,7 @@ class Tensor:
         n = self.shape[ax]
         o = (n - dilation * (k - 1) - 1) // stride + 1
         if k < 1 or stride < 1 or dilation < 1 or o < 1:
-            raise ValueError(
+            raise ShapeError(
                 f"a window of {k} taps (dilation {dilation}, stride {stride}) does not fit an axis of size {n}"
             )
         m = self.ndim - 1
@@ -1422,7 +1463,9 @@ class Tensor:
             raise ValueError(f"one_hot needs num_classes >= 1, got {num_classes!r}")
         out = (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
         bad = (self < 0) | (self >= num_classes)
-        return _with_check(out, bad, f"one_hot class values must be in [0, {num_classes})")
+        if dtypes.is_float(self.dtype):  # (tinygrad takes float labels: each must be a whole number)
+            bad = bad | (self != self.trunc())
+        return _with_check(out, bad, f"one_hot class values must be whole numbers in [0, {num_classes})")
 
     def sparse_categorical_crossentropy(
         self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0
@@ -1440,7 +1483,9 @@ class Tensor:
     # ***** unary math *****
 
     def neg(self) -> Tensor:
-        return F.Neg.apply(self) if self.dtype != dtypes.bool else self.logical_not()
+        if self.dtype == dtypes.bool:  # numpy and torch refuse it
+            raise TypeError("negation of a bool tensor is not defined: use ~ (logical not) or .logical_not()")
+        return F.Neg.apply(self)
 
     def logical_not(self) -> Tensor:
         return F.Eq.apply(*self._broadcasted(False))
@@ -1461,7 +1506,8 @@ class Tensor:
         return F.Sqrt.apply(self.cast(least_upper_float(self.dtype)))
 
     def rsqrt(self) -> Tensor:
-        return self.reciprocal().sqrt()
+        """1 / sqrt(x), with IEEE's values at -0.0 (-inf) and -inf (NaN)."""
+        return self.sqrt().reciprocal()
 
     def sin(self) -> Tensor:
         return F.Sin.apply(self.cast(least_upper_float(self.dtype)))
@@ -1679,7 +1725,10 @@ class Tensor:
         return F.Add.apply(*self._broadcasted(x, reverse))
 
     def sub(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
-        return F.Sub.apply(*self._broadcasted(x, reverse))
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype == dtypes.bool:  # numpy and torch refuse it
+            raise TypeError("subtraction of bool tensors is not defined: use ^ (xor) or logical operators")
+        return F.Sub.apply(a, b)
 
     def mul(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
         return F.Mul.apply(*self._broadcasted(x, reverse))
@@ -1743,6 +1792,8 @@ class Tensor:
                 return self if n == 1 else self * self
             return self * self * self if n == 3 else self.square().square()
         base, exponent = self._broadcasted(x, reverse)
+        if dtypes.is_int(base.dtype):  # an integer to integer powers stays exact, wrapping as numpy's
+            return base._int_power(exponent)
         if not dtypes.is_float(base.dtype):
             base, exponent = base.cast(dtypes.default_float), exponent.cast(dtypes.default_float)
         if not (base.requires_grad or exponent.requires_grad):
@@ -1754,6 +1805,17 @@ class Tensor:
         dx = (e == 0).where(0, e * b._power(e - 1)) if base.requires_grad else value
         dy = ((b == 0) & (e >= 0)).where(0, value * b.log()) if exponent.requires_grad else value
         return F.PowerGradient.apply(base, exponent, value=value.lazydata, dx=dx.lazydata, dy=dy.lazydata)
+
+    def _int_power(self, exponent: Tensor) -> Tensor:
+        """self ** exponent for integer tensors of one shape and dtype: square and multiply over the exponent's bits
+        (a negative exponent raises when realized, as numpy's)."""
+        ret, square = self.ones_like(), self
+        for bit in range(exponent.dtype.itemsize * 8 - (0 if dtypes.is_unsigned(exponent.dtype) else 1)):
+            ret = ((exponent >> bit) & 1).cast(dtypes.bool).where(ret * square, ret)
+            square = square * square
+        if dtypes.is_unsigned(exponent.dtype):
+            return ret
+        return _with_check(ret, exponent < 0, "integers to negative integer powers are not allowed", InvalidValueError)
 
     def _power(self, exponent: Tensor) -> Tensor:
         """self ** exponent of float tensors of one shape and dtype, without a gradient of its own."""
@@ -1817,9 +1879,7 @@ class Tensor:
         return self._bitwise(x, BinaryOps.OR, reverse)
 
     def _shift(self, x: Union[Tensor, ConstType], op: BinaryOps, reverse: bool) -> Tensor:
-        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x < 0:
-            raise ValueError(f"cannot shift by a negative amount ({x})")
-        a, b = self._broadcasted(x, reverse)
+        a, b = self._broadcasted(x, reverse)  # a negative amount shifts everything out, as numpy's and torch's
         if a.dtype == dtypes.bool:  # numpy shifts bools as integers
             a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
         if not dtypes.is_int(a.dtype):
@@ -2091,6 +2151,7 @@ class _IndexPlan:
     strides: list[int] = dataclasses.field(default_factory=list)
     out_shape: list[sint] = dataclasses.field(default_factory=list)
     advanced: list[tuple[int, Tensor]] = dataclasses.field(default_factory=list)
+    front: bool = False  # the broadcast index axes go first (numpy: the advanced indices do not stand together)
 
 
 # the float a float power is computed in (Tensor.pow), where the device has it

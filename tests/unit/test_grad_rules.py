@@ -26,9 +26,14 @@ def test_a_mask_from_a_comparison_still_passes_the_other_operands_gradient() -> 
     np.testing.assert_array_equal(x.grad.numpy(), [0.0, 4.0, 6.0])
 
 
-def test_backward_of_a_constant_raises() -> None:
+def test_backward_of_a_tensor_that_requires_no_grad() -> None:
     with pytest.raises(RuntimeError, match="does not require grad"):
-        Tensor([1.0, 2.0]).sum().backward()
+        Tensor([1.0, 2.0], requires_grad=False).sum().backward()
+    # requires_grad not set either way (None, as a model's weights before an optimizer takes them): nothing to do,
+    # as in tinygrad
+    w = Tensor([1.0, 2.0])
+    (w * 2).sum().backward()
+    assert w.grad is None
 
 
 def test_gradient_flows_through_a_copy_to_another_device() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
+from tgcore.errors import ShapeError
 from tgcore.helpers import all_int, prod
 from tgcore.nn import optim, state  # noqa: F401  (tinygrad exposes them as nn.optim and nn.state)
 from tgcore.tensor import Tensor, _with_check
@@ -180,7 +181,7 @@ class BatchNorm2d:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2:
-            raise ValueError(f"BatchNorm2d needs an input of shape (N, C, ...), got {x.shape}")
+            raise ShapeError(f"BatchNorm2d needs an input of shape (N, C, ...), got {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))
         if Tensor.training:
             batch_mean = x.mean(axis=axes)
@@ -255,7 +256,7 @@ class LayerNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if tuple(x.shape[-len(self.normalized_shape) :]) != self.normalized_shape:
-            raise ValueError(
+            raise ShapeError(
                 f"the last axes of the input {x.shape} must be the normalized shape {self.normalized_shape}"
             )
         x = x.layernorm(eps=self.eps, axis=self.axis)
