@@ -131,3 +131,16 @@ def test_keyword_arguments_in_another_order_replay():
         an, bn = np.full(2, 10.0 + i, np.float32), np.full(2, float(i), np.float32)
         out = f(a=Tensor(an), b=Tensor(bn)) if i % 2 else f(b=Tensor(bn), a=Tensor(an))
         np.testing.assert_array_equal(out.numpy(), an - bn)
+
+
+def test_a_kernel_whose_output_size_is_symbolic():
+    """A launch size that is symbolic (the output of a shrink to a Variable) runs, and replays for every size."""
+    a = Tensor(np.arange(40, dtype=np.float32).reshape(4, 10)).realize()
+
+    @TinyJit
+    def f(n: Variable) -> Tensor:
+        return (a.shrink((None, (0, n))) * 2).contiguous().sum(1).realize()
+
+    for n in (3, 5, 7, 2):
+        out = f(Variable("n", 1, 10).bind(n))
+        np.testing.assert_array_equal(out.numpy(), (np.arange(40).reshape(4, 10)[:, :n] * 2).sum(1))

@@ -20,6 +20,7 @@ from tgcore.dtype import DTYPES_DICT, DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
 from tgcore.renderer import Renderer
+from tgcore.shape.symbolic import Node
 
 _ENUMS = {e.__name__: e for e in (UnaryOps, BinaryOps, TernaryOps)}
 
@@ -33,6 +34,8 @@ def _encode_arg(arg: Any) -> Any:
         return {"f": repr(arg)}
     if arg is None or isinstance(arg, (bool, int, str)):
         return arg
+    if isinstance(arg, Node):  # a symbolic launch size (SPECIAL): kept as text, the launch passes the real one
+        return {"node": str(arg)}
     raise NotImplementedError(f"the PYTHON renderer cannot serialize the uop argument {arg!r}")
 
 
@@ -43,6 +46,8 @@ def _decode_arg(arg: Any) -> Any:
         if "op" in arg:
             enum, name = arg["op"].split(".")
             return _ENUMS[enum][name]
+        if "node" in arg:
+            return arg["node"]
         return float(arg["f"])
     return arg
 
