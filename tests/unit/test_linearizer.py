@@ -296,3 +296,4 @@ def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order(device: str) -> None
     assert _lanes((centred * centred).sum(axis=1)) == 16
     ref = ((x_np - x_np.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     np.testing.assert_allclose((centred * centred).sum(axis=1).numpy(), ref, rtol=1e-5)
+

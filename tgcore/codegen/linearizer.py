@@ -634,10 +634,11 @@ class Linearizer:
             flat = flat * _int(k.full_shape[a]) + self.axis_vars[a]
         group = prod([_int(k.full_shape[a]) for a in local_axes])
         fixed = {*range(k.first_reduce - k.local_dims), *range(k.first_reduce, k.first_upcast - 1)}
-        for n, leaf in enumerate(k.staged):
+        for leaf in k.staged:
             axes = k.stage_axes(leaf)
             sizes = [_int(k.full_shape[a]) for a in axes]
             strides = [prod(sizes[i + 1 :]) for i in range(len(sizes))]
+            n = sum(1 for u in self.header if u.op is UOps.DEFINE_LOCAL)  # (a kernel of two reduces stages twice)
             buf = UOp(UOps.DEFINE_LOCAL, PtrDType.of(leaf.arg.dtype), (), (f"stage{n}", prod(sizes)))
             self.header.append(buf)  # shared memory is declared at the kernel's top (OpenCL requires it)
             self.stages[leaf] = (buf, list(zip(axes, strides)))
@@ -666,7 +667,8 @@ class Linearizer:
         from a transposed input are gathered once). Invalid elements are copied as 0, so reads of the block are
         never gated."""
         k = self.k
-        for n, leaf in enumerate(k.packed):
+        for leaf in k.packed:
+            n = sum(1 for u in self.header if u.op is UOps.DEFINE_LOCAL)  # (a kernel of two reduces packs twice)
             axes = k.pack_axes(leaf)
             sizes = [_int(k.full_shape[a]) for a in axes]
             strides = {a: prod(sizes[i + 1 :]) for i, a in enumerate(axes)}

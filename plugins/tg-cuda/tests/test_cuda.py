@@ -558,3 +558,16 @@ def test_negative_constants_and_no_contraction_compute_exactly(
     builder: Any, params: dict[str, Any], emulated: Target
 ) -> None:
     uop_cases.run_case(emulated, _case(builder, params, emulated))
+
+
+def test_two_reduces_that_stage_one_input_name_their_shared_arrays_apart(compiler: CUDACompiler) -> None:
+    """A kernel of two matmuls reading one input (a gated FFN) stages that input once per reduce: each copy gets its
+    own shared array, and the kernel compiles (it declared `stage0` twice, which NVRTC refuses)."""
+    from tgcore import Tensor
+    from tgcore.engine.realize import get_kernel
+
+    x, w1, w3 = Tensor.rand(5, 32), Tensor.rand(32, 96), Tensor.rand(32, 96)
+    src = get_kernel(CUDARenderer(), ((x @ w1) * (x @ w3)).schedule()[-1].ast).to_program().src
+    shared = [line.split()[2].split("[")[0] for line in src.splitlines() if "__shared__" in line]
+    assert len(shared) >= 2 and len(shared) == len(set(shared)), shared
+    compiler.compile(src)
