@@ -44,6 +44,8 @@ MAX_UPCAST = 256
 # lane (an optimizer's update is loads, divisions and a square root)
 _ELEMENTWISE_LANES_OK = (*VECTOR_ALU, UnaryOps.SQRT)
 MAX_LANES = 1024
+# ALU ops a kernel's lanes may carry between them (Kernel._lane_budget): a matmul's 1-2 per lane allow every tile
+LANE_OPS = 8192
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
 MAX_GROUP = 128  # work items in a workgroup the heuristics make
@@ -505,8 +507,16 @@ class Kernel:
     def _divisor(self, size: int, choices: tuple[int, ...]) -> int:
         return next((c for c in choices if size % c == 0 and c <= size), 0)
 
+    def _lane_budget(self) -> int:
+        """The most lanes (upcast and unrolled) worth giving this kernel: LANE_OPS over its ALU ops, so that a kernel
+        with a long fused expression (a matmul reading a GELU's gradient: ~80 ops a lane) is not unrolled into tens
+        of thousands of uops (87k, 38 s of a C compiler's time, for no speed: it spills the registers anyway)."""
+        ops = sum(1 for x in self.ast.lazyops() if not isinstance(x.op, (BufferOps, ReduceOps)))
+        return max(1, LANE_OPS // max(ops, 1))
+
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
         loads = self.loads()
+        budget = self._lane_budget()
         # a matmul-like reduce: global axes along which some input is broadcast (each output of the tile reuses
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
@@ -514,6 +524,8 @@ class Kernel:
         tile: Optional[tuple[int, int]] = None
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
             col, col_amount = self._tile_column(broadcast, contiguous, vw)
+            while col_amount > max(budget, 1) and col_amount % 2 == 0 and col_amount > (vw if vw > 1 else 1):
+                col_amount //= 2
 
             def broadcast_in(axis: int) -> set[int]:
                 return {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0}
@@ -532,7 +544,7 @@ class Kernel:
                 col = -1
             if row is not None:
                 row_size = _int(self.full_shape[row])
-                limit = min(16 if vw > 1 else 4, MAX_UPCAST // max(col_amount, 1))
+                limit = min(16 if vw > 1 else 4, MAX_UPCAST // max(col_amount, 1), budget // max(col_amount, 1))
                 row_amount = self._divisor(row_size, tuple(range(limit, 1, -1)))
                 if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)) or row_amount == row_size:
                     row = None
@@ -559,7 +571,7 @@ class Kernel:
         if self.n_reduce and not self.inner_globals:
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (4, 2))
-            if amount and prod(self.upcast_sizes) * amount <= MAX_LANES:
+            if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
         if tile is not None and not self.inner_globals:
             self._pack_gathered(*tile)
