@@ -246,6 +246,24 @@ def test_random_seed_reproducible(executing: Target) -> None:
 
 
 @pytest.mark.tg_op("random")
+@pytest.mark.parametrize("dtype", [F32, F64], ids=lambda d: d.short_name)
+def test_random_same_bits_as_python(executing: Target, dtype: DType) -> None:
+    """A seed draws the same bits on every device: rand and randint are integer Threefry, randn uses + - * / sqrt
+    and bit operations only, which every device must round as IEEE does (no contraction into fused multiply-adds)."""
+    executing.require(dtype)
+    draws = {}
+    for d in (executing.name, "PYTHON"):
+        Tensor.manual_seed(12)
+        draws[d] = (Tensor.rand(257, device=d, dtype=dtype).numpy(), Tensor.randn(513, device=d, dtype=dtype).numpy(),
+                    Tensor.randint(99, low=-7, high=1000, device=d).numpy())
+    for name, got, want in zip(("rand", "randn", "randint"), draws[executing.name], draws["PYTHON"]):
+        assert got.shape == want.shape, f"Tensor.{name}: shape {got.shape}, PYTHON's {want.shape}"
+        differ = np.flatnonzero(got != want)
+        assert not differ.size, (f"Tensor.{name} of seed 12 in {dtype.short_name} differs from PYTHON's bits at "
+                                 f"{differ[:5].tolist()}: {got[differ[:3]]} vs {want[differ[:3]]}")
+
+
+@pytest.mark.tg_op("random")
 @pytest.mark.parametrize("dtype", [F16, BF16, F64], ids=lambda d: d.short_name)
 def test_random_dtypes(executing: Target, dtype: DType) -> None:
     executing.require(dtype)
