@@ -13,7 +13,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 
 from tgcore.device import Buffer
 from tgcore.engine import realize
-from tgcore.engine.realize import CompiledRunner, ExecItem
+from tgcore.engine.realize import CompiledRunner, ExecItem, raise_if_counted
 from tgcore.helpers import DEBUG, JIT, GlobalCounters
 from tgcore.shape.symbolic import Variable
 
@@ -203,15 +203,24 @@ class TinyJit(Generic[ReturnType]):
         cache = self.jit_cache
         for j, k, i in self.input_places:
             cache[j].bufs[k] = lbs[i].realized
-        if DEBUG.value >= 2 or self.has_checks:  # (ExecItem.run prints, and raises a check's error)
+        if DEBUG.value >= 2:  # (ExecItem.run prints)
             for ei in cache:
                 ei.run(var_vals)
             return self.ret
-        for prg, bufs in self.launches:
-            if prg is not None:
-                prg(*[b._opaque for b in bufs])
-            else:
-                bufs.prg(bufs.bufs, var_vals)
+        if self.has_checks:  # each check's count read back right after its kernel, before anything reads the data
+            for (prg, bufs), ei in zip(self.launches, cache):
+                if prg is not None:
+                    prg(*[b._opaque for b in bufs])
+                else:
+                    ei.prg(ei.bufs, var_vals)
+                if ei.check is not None:
+                    raise_if_counted(ei.bufs[0], ei.check)
+        else:
+            for prg, bufs in self.launches:
+                if prg is not None:
+                    prg(*[b._opaque for b in bufs])
+                else:
+                    bufs.prg(bufs.bufs, var_vals)
         n, ops, mem = self.counts
         GlobalCounters.kernel_count += n
         GlobalCounters.global_ops += ops

@@ -265,7 +265,9 @@ class ExecItem:
 
 def raise_if_counted(buffer: Buffer, check: tuple[type, str]) -> None:
     """Raise the check's error if its count (a 1-element int32 buffer) is not 0."""
-    if (n := int(buffer.numpy()[0])) != 0:
+    raw = bytearray(4)
+    buffer.copyout(memoryview(raw))
+    if (n := int.from_bytes(raw, "little", signed=True)) != 0:
         error, message = check
         raise error(f"{message} (found {n} time{'s' if n != 1 else ''})")
 
