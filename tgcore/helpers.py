@@ -299,6 +299,10 @@ class Context(contextlib.ContextDecorator):
             ContextVar._cache[k].value = v
 
 
+# one thread at a time schedules and runs lazy graphs (kernels themselves may use many threads): graphs of several
+# threads share nodes (a model's weights), and scheduling marks nodes realized; Tensor.realize holds it
+ENGINE_LOCK = threading.RLock()
+
 DEBUG = ContextVar("DEBUG", 0)
 IMAGE = ContextVar("IMAGE", 0)
 BEAM = ContextVar("BEAM", 0)

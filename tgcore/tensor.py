@@ -18,7 +18,7 @@ from tgcore.engine.realize import run_schedule
 from tgcore.engine.schedule import ScheduleItem, create_schedule_with_vars
 from tgcore.errors import AxisError, IndexOutOfRangeError, InvalidValueError, ShapeError
 from tgcore.function import Function
-from tgcore.helpers import ContextVar, all_int, argfix, flatten, make_pair, prod
+from tgcore.helpers import ENGINE_LOCK, ContextVar, all_int, argfix, flatten, make_pair, prod
 from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
@@ -200,7 +200,8 @@ class Tensor:
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute this tensor (and `lst`) now (`do_update_stats` is accepted for tinygrad; stats are always kept)."""
-        run_schedule(*self.schedule_with_vars(*lst))
+        with ENGINE_LOCK:
+            run_schedule(*self.schedule_with_vars(*lst))
         return self
 
     def contiguous(self) -> Tensor:
@@ -422,11 +423,12 @@ class Tensor:
             )
         if n >= 2**33:
             raise ValueError(f"cannot draw {n} random numbers at once: at most 2**33 - 1")
-        counter = Tensor._rng_counters.get(device)
-        if counter is None:
-            counter = Tensor._rng_counters[device] = Tensor(np.zeros(1, np.uint32), device=device)
-        counter.assign(counter + 1).realize()
-        call = (counter - 1).realize()  # this draw's number, in a buffer the next draw does not touch
+        with ENGINE_LOCK:  # one draw's number per call, whatever other threads draw meanwhile
+            counter = Tensor._rng_counters.get(device)
+            if counter is None:
+                counter = Tensor._rng_counters[device] = Tensor(np.zeros(1, np.uint32), device=device)
+            counter.assign(counter + 1).realize()
+            call = (counter - 1).realize()  # this draw's number, in a buffer the next draw does not touch
         pairs = (n + 1) // 2
         x0, x1 = _threefry2x32(_uint32_range(pairs, device), call.expand(pairs), Tensor._seed)
         return x0.cat(x1).shrink(((0, n),))
@@ -2187,12 +2189,13 @@ def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOf
 def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
     """Write `value` into the memory `target` (a base, or a view that writes_through) reads, now: the target's base is
     computed first if it is not yet, so every tensor that reads that base sees the write."""
-    base = target.base
-    if base.realized is None:
-        run_schedule(*create_schedule_with_vars([base]))
-    if _assign_hazard(value, target):  # computed apart first, so the kernel reads nothing it overwrites
-        value = value.contiguous()
-    run_schedule(*create_schedule_with_vars([target.assign(value)]))
+    with ENGINE_LOCK:
+        base = target.base
+        if base.realized is None:
+            run_schedule(*create_schedule_with_vars([base]))
+        if _assign_hazard(value, target):  # computed apart first, so the kernel reads nothing it overwrites
+            value = value.contiguous()
+        run_schedule(*create_schedule_with_vars([target.assign(value)]))
 
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:

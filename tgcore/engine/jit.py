@@ -8,6 +8,7 @@ directly. Inputs must keep their shapes, dtypes and devices; symbolic Variables 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
@@ -102,12 +103,45 @@ def _variables_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Variabl
 
 
 class TinyJit(Generic[ReturnType]):
-    """Decorator: `@TinyJit def step(x): ...`; captures on the second call, replays from the third."""
+    """Decorator: `@TinyJit def step(x): ...`; captures on the second call, replays from the third.
+
+    Each thread that calls it gets a recording of its own (its own output tensors and intermediate buffers; the
+    compiled kernels are shared), so calls from several threads at once give each its own, right, results."""
+
+    def __init__(self, fxn: Callable[..., ReturnType]) -> None:
+        self.fxn = fxn
+        self._threads = threading.local()
+        functools.update_wrapper(self, fxn)
+
+    def _recording(self) -> _Recording[ReturnType]:
+        """This thread's recording."""
+        rec = getattr(self._threads, "recording", None)
+        if rec is None:
+            rec = self._threads.recording = _Recording(self.fxn)
+        return rec
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        return self._recording()(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Forget the recordings (of every thread); the next call runs the function again."""
+        self._threads = threading.local()
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return functools.partial(self.__call__, obj) if obj is not None else self
+
+    def __getattr__(self, name: str) -> Any:  # jit_cache, cnt, ...: this thread's recording's
+        if name.startswith("__") or name in ("fxn", "_threads"):
+            raise AttributeError(name)
+        return getattr(self._recording(), name)
+
+
+class _Recording(Generic[ReturnType]):
+    """One thread's recording of a jitted function: the warm-up, the capture, then replays."""
 
     def __init__(self, fxn: Callable[..., ReturnType]) -> None:
         self.fxn = fxn
         self.reset()
-        functools.update_wrapper(self, fxn)
 
     def reset(self) -> None:
         """Forget the recording; the next call runs the function again."""
@@ -121,9 +155,6 @@ class TinyJit(Generic[ReturnType]):
         self.layouts: list[Any] = []
         self.plain_inputs = False  # whether every recorded input was its own contiguous buffer (the fast replay)
         self.ret: Any = None
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return functools.partial(self.__call__, obj) if obj is not None else self
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         if self.cnt == 2 and JIT.value and self.plain_inputs and (fast := _realized_inputs(args, kwargs)) is not None:
@@ -165,11 +196,12 @@ class TinyJit(Generic[ReturnType]):
 
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[Any]) -> ReturnType:
         recorded: list[ExecItem] = []
-        realize._capturing.append(lambda ei, vv: recorded.append(ei))
+        stack = realize._capturing.__dict__.setdefault("stack", [])  # this thread's
+        stack.append(lambda ei, vv: recorded.append(ei))
         try:
             self.ret = self._run_and_realize(args, kwargs)
         finally:
-            realize._capturing.pop()
+            stack.pop()
         if not recorded:
             raise JitError(f"{getattr(self.fxn, '__name__', 'the function')} ran no kernel: nothing to jit")
         buffers = {id(t.lazydata.base.realized): i for i, t in enumerate(tensors)}

@@ -312,10 +312,10 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
     """Run every item in order, then mark its outputs realized."""
     vals = var_vals or {}
     for si in schedule:
-        if _capturing:  # TinyJit records the ExecItem
+        if capturing_stack := getattr(_capturing, "stack", None):  # TinyJit records the ExecItem (this thread's)
             ei = lower_schedule_item(si)
             ei.check = si.check
-            capturing = _capturing[-1]
+            capturing = capturing_stack[-1]
             _run(ei.prg, ei.bufs, vals, False)
             capturing(ei, vals)
             if si.check is not None:
@@ -332,4 +332,5 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
 
 
 # TinyJit registers a callback here while it records a function's kernels
-_capturing: list[Callable[[ExecItem, dict[Variable, int]], None]] = []
+# .stack: per thread, the callbacks of the TinyJits recording (only this thread's kernels go to its recording)
+_capturing = threading.local()
