@@ -18,7 +18,7 @@ import numpy as np
 
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, getenv
-from tgcore.plugin import DeviceSpec, plugins
+from tgcore.plugin import DeviceSpec, outside_stacklevel, plugins
 
 
 class CompileError(Exception):
@@ -596,7 +596,7 @@ class _Device:
         )
         if skipped and message not in self._warned:
             self._warned.add(message)
-            warnings.warn(message, DeviceFallbackWarning, stacklevel=4)
+            warnings.warn(message, DeviceFallbackWarning, stacklevel=outside_stacklevel())
 
     def default_and_reason(self) -> tuple[str, str]:
         """The default device and why it was chosen."""

@@ -15,6 +15,7 @@ the other claim is listed as "shadowed by <plugin>". Each device's probe runs wi
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import types
 import warnings
@@ -282,7 +283,7 @@ class PluginManager:
                 self._loading = False
             self.loaded = True  # only now: a thread that sees it set sees every plugin
         for conflict in self.registry.conflicts:
-            warnings.warn(conflict, PluginWarning, stacklevel=3)
+            warnings.warn(conflict, PluginWarning, stacklevel=outside_stacklevel())
 
     def _load(self) -> None:
         # the built-in devices, registered like any plugin
@@ -342,7 +343,7 @@ class PluginManager:
             for callback in self.on_change:
                 callback()
         for conflict in self.registry.conflicts[before:]:
-            warnings.warn(conflict, PluginWarning, stacklevel=2)
+            warnings.warn(conflict, PluginWarning, stacklevel=outside_stacklevel())
         return record
 
     def unregister(self, name: str) -> None:
@@ -429,6 +430,18 @@ class PluginManager:
             if (answer := impl.function(*(kwargs[name] for name in impl.argnames))) is not None:
                 return answer
         return None
+
+
+def outside_stacklevel() -> int:
+    """The `stacklevel` for a warning raised by the caller of this function that names the first frame outside
+    tgcore: the user's line that led to it, not the core's."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _describe(e: BaseException) -> str:

@@ -524,6 +524,7 @@ def test_a_subprocess_warns_on_stderr_when_its_best_device_is_broken(tmp_path) -
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3.0", "PYTHON"]
     assert out.stderr.count("DeviceFallbackWarning") == 1
+    assert "<string>:1: DeviceFallbackWarning" in out.stderr  # (shown at the user's line, not the core's)
     assert "BEST (priority 50): CC='gcc -o x' builds no shared object" in out.stderr
     out = run_python(tmp_path, ["-c", code], "best")
     assert out.returncode == 0 and out.stdout.split() == ["3.0", "BEST"] and "Warning" not in out.stderr
