@@ -32,7 +32,7 @@ def devices() -> int:
             status = f"unavailable: {claim.refused}"
         print(f"{claim.device:10s} {claim.plugin:12s} {claim.spec.priority:8d}  {status}")
     for conflict in registry.conflicts:
-        print(f"note: {conflict}")
+        print(f"note: {plugins.describe(conflict)}")
     try:
         default, why = Device.default_and_reason()
         print(f"\ndefault device: {default} ({why})")

@@ -518,10 +518,10 @@ class _Device:
         if reason is None or not others:
             return reason
         owner = plugins.registry.owner.get(base, "?")
-        names = ", ".join(repr(o) for o in others)
+        names = ", ".join(repr(o) for o in others) + (" also registers" if len(others) == 1 else " also register")
         return (
-            f"{reason} (device {base} of plugin {owner!r}; {names} also register {base} and are shadowed by it: to "
-            f"use one of them, set TGCORE_DISABLE_PLUGINS={owner} or name it first in TGCORE_PLUGINS)"
+            f"{reason} (device {base} of plugin {owner!r}; {names} {base}, shadowed by it: "
+            f"{plugins.how_to_choose(others[0], owner)})"
         )
 
     def __getitem__(self, name: str) -> Compiled:

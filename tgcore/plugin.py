@@ -120,6 +120,16 @@ class Registration:
 Precedence = Callable[[Registration, Registration], tuple[int, str]]
 
 
+@dataclass(frozen=True)
+class Conflict:
+    """Two plugins registered one device name: which claim is used, the other, and the rule that chose."""
+
+    device: str
+    winner: str
+    loser: str
+    why: str
+
+
 def _by_priority(a: Registration, b: Registration) -> tuple[int, str]:
     if a.spec.priority != b.spec.priority:
         sign = 1 if a.spec.priority > b.spec.priority else -1
@@ -143,7 +153,7 @@ class DeviceRegistry:
         self.rejected: dict[str, str] = {}  # device name -> why it was refused
         self.registrations: list[Registration] = []
         self.precedence = precedence
-        self.conflicts: list[str] = []  # one line per name claimed twice: who won and why (warned once, at load)
+        self.conflicts: list[Conflict] = []  # each time a name was claimed a second time: who won and why
         self._current_plugin = ""
 
     def add(self, spec: DeviceSpec) -> None:
@@ -172,11 +182,7 @@ class DeviceRegistry:
             winner, loser = (before, plugin) if self.owner[name] == before else (plugin, before)
             claims = {r.plugin: r for r in self.claims(name)}
             why = self.precedence(claims[winner], claims[loser])[1] or "it was registered first"
-            self.conflicts.append(
-                f"device {name} is registered by two plugins, {winner!r} and {loser!r}: {winner!r} is used ({why}); "
-                f"to use {loser!r} instead, set TGCORE_DISABLE_PLUGINS={winner} or list both in TGCORE_PLUGINS with "
-                f"{loser!r} first"
-            )
+            self.conflicts.append(Conflict(name, winner, loser, why))
 
     def remove_plugin(self, plugin: str) -> None:
         """Drop every claim of `plugin`; a name it held goes to the best remaining claim."""
@@ -283,7 +289,7 @@ class PluginManager:
                 self._loading = False
             self.loaded = True  # only now: a thread that sees it set sees every plugin
         for conflict in self.registry.conflicts:
-            warnings.warn(conflict, PluginWarning, stacklevel=outside_stacklevel())
+            warnings.warn(self.describe(conflict), PluginWarning, stacklevel=outside_stacklevel())
 
     def _load(self) -> None:
         # the built-in devices, registered like any plugin
@@ -343,7 +349,7 @@ class PluginManager:
             for callback in self.on_change:
                 callback()
         for conflict in self.registry.conflicts[before:]:
-            warnings.warn(conflict, PluginWarning, stacklevel=outside_stacklevel())
+            warnings.warn(self.describe(conflict), PluginWarning, stacklevel=outside_stacklevel())
         return record
 
     def unregister(self, name: str) -> None:
@@ -396,6 +402,23 @@ class PluginManager:
             record.error = f"tg_register_devices raised {_describe(e)}"
         record.devices = sorted({r.device for r in self.registry.registrations if r.plugin == name})
         return record
+
+    def describe(self, conflict: Conflict) -> str:
+        """A conflict as a sentence: the device, both plugins, which is used and why, and how to choose the other."""
+        return (
+            f"device {conflict.device} is registered by two plugins, {conflict.winner!r} and {conflict.loser!r}: "
+            f"{conflict.winner!r} is used ({conflict.why}); {self.how_to_choose(conflict.loser, conflict.winner)}"
+        )
+
+    def how_to_choose(self, plugin: str, instead_of: str) -> str:
+        """How a user makes `plugin`'s claim win over `instead_of`'s."""
+        record = self.records.get(instead_of)
+        if record is not None and record.source == "builtin":
+            return f"a built-in device gives way only to a higher priority: {plugin!r} must register another name"
+        return (
+            f"to use {plugin!r} instead, set TGCORE_DISABLE_PLUGINS={instead_of}, or name {plugin!r} before "
+            f"{instead_of!r} in TGCORE_PLUGINS (which loads only the plugins it names)"
+        )
 
     def _precedence(self, a: Registration, b: Registration) -> tuple[int, str]:
         """Which of two claims on one device name wins (+1 a, -1 b, 0 neither) and why (the PluginManager rule)."""

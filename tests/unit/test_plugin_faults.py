@@ -432,12 +432,24 @@ def test_unregistering_the_winner_gives_the_device_to_the_shadowed_plugin(regist
     assert plugins.registry.owner["TAKEN"] == "first" and Device["TAKEN"].renderer.tag == "first"
 
 
+def test_a_plugin_that_registers_a_built_in_name_is_shadowed_by_it(registered) -> None:
+    with pytest.warns(
+        PluginWarning, match="'python' is used \\('python' ships with tgcore\\); a built-in device gives"
+    ):
+        registered(device_plugin("mypython", "PYTHON", priority=0))
+    assert plugins.registry.owner["PYTHON"] == "python"
+    assert not isinstance(Device["PYTHON"].renderer, TaggedRenderer)  # the built-in's parts, not the impostor's
+    np.testing.assert_allclose((Tensor([1.0, 2.0], device="PYTHON") * 2).numpy(), [2.0, 4.0])
+
+
 def test_an_unavailable_device_names_the_plugins_it_shadows(registered) -> None:
     registered(device_plugin("other", "TAKEN2", priority=1))
     with pytest.warns(PluginWarning):
         registered(device_plugin("winner", "TAKEN2", priority=9, probe=lambda: "no hardware"))
     reason = Device.status("TAKEN2")
-    assert reason is not None and reason.startswith("no hardware (device TAKEN2 of plugin 'winner'; 'other' also")
+    assert reason is not None and reason.startswith(
+        "no hardware (device TAKEN2 of plugin 'winner'; 'other' also registers TAKEN2, shadowed by it: to use 'other'"
+    )
     with pytest.raises(DeviceUnavailable, match="TGCORE_DISABLE_PLUGINS=winner"):
         Device["TAKEN2"]
 
