@@ -412,6 +412,17 @@ def test_the_user_picks_with_tgcore_plugins_or_tgcore_disable_plugins(monkeypatc
     assert pm.registry.owner["DUP"] == "low" and _claims(pm, "DUP") == {"low": None}
 
 
+def test_a_second_distribution_with_a_taken_entry_point_name_is_listed_not_dropped(monkeypatch) -> None:
+    eps = [
+        FakeEntryPoint("same", lambda: device_plugin("same", "SAME1"), dist="dist-one"),
+        FakeEntryPoint("same", lambda: device_plugin("same", "SAME2"), dist="dist-two"),
+    ]
+    pm = manager_with(monkeypatch, eps)
+    assert pm.records["same"].error is None and "SAME1" in pm.registry.specs and "SAME2" not in pm.registry.specs
+    error = pm.records["same (dist-two)"].error
+    assert error is not None and "the plugin name 'same' is taken by entry point fake_same of dist-one" in error
+
+
 def test_a_refused_claim_does_not_take_a_valid_one_down(monkeypatch) -> None:
     eps = [
         FakeEntryPoint("aold", lambda: device_plugin("aold", "DUP", api_version=PLUGIN_API_VERSION + 7)),
@@ -515,18 +526,15 @@ def test_no_device_available_says_why_of_each(default_by_priority, monkeypatch) 
     monkeypatch.setattr(metadata, "entry_points", lambda group=None: [])
     pm = PluginManager()
     pm.load()
+    pm.registry.specs["PYTHON"].probe = lambda: "interpreter switched off"  # (a spec of this manager's own)
     monkeypatch.setattr(plugins, "registry", pm.registry)  # PYTHON (and DISK) only
-    specs = dict(pm.registry.specs)
-    python_probe = specs["PYTHON"].probe
-    monkeypatch.setattr(specs["PYTHON"], "probe", lambda: "interpreter switched off")
     Device._reset()
     try:
         with pytest.raises(DeviceUnavailable, match=r"no device is available \(PYTHON: interpreter switched off\)"):
             Device.DEFAULT
     finally:
-        specs["PYTHON"].probe = python_probe
         monkeypatch.undo()
-        Device._reset()
+        Device._reset()  # (forgets the statuses learnt from that registry)
 
 
 def test_a_subprocess_warns_on_stderr_when_its_best_device_is_broken(tmp_path) -> None:
