@@ -12,7 +12,8 @@ from tgcore.plugin import PLUGIN_API_VERSION, plugins
 def devices() -> int:
     """Print every plugin and device with its status; return 0."""
     plugins.load()
-    specs = plugins.registry.specs
+    registry = plugins.registry
+    statuses = Device.statuses()  # (every probe at once, each within TGCORE_PROBE_TIMEOUT)
     print(f"tgcore plugin API {PLUGIN_API_VERSION}")
     print(f"{'plugin':12s} {'version':12s} {'source':32s} status")
     for rec in plugins.records.values():
@@ -20,13 +21,18 @@ def devices() -> int:
         print(f"{rec.name:12s} {rec.version:12s} {rec.source:32s} {status}")
     print()
     print(f"{'device':10s} {'plugin':12s} {'priority':>8s}  status")
-    for name in sorted(
-        set(specs) | set(plugins.registry.rejected), key=lambda n: -specs[n].priority if n in specs else 0
-    ):
-        owner = plugins.registry.owner.get(name, "?")
-        reason = Device.status(name)
-        priority = f"{specs[name].priority:8d}" if name in specs else " " * 8
-        print(f"{name:10s} {owner:12s} {priority}  {'available' if reason is None else 'unavailable: ' + reason}")
+    # one row per claim on a device name: the one in use first, then any it shadows or that was refused
+    rank = {name: -spec.priority for name, spec in registry.specs.items()}
+    claims = sorted(registry.registrations, key=lambda r: (rank.get(r.device, 0), r.device, r.refused is not None))
+    for claim in claims:
+        if claim.refused is None:
+            reason = statuses.get(claim.device)
+            status = "available" if reason is None else f"unavailable: {reason}"
+        else:
+            status = f"unavailable: {claim.refused}"
+        print(f"{claim.device:10s} {claim.plugin:12s} {claim.spec.priority:8d}  {status}")
+    for conflict in registry.conflicts:
+        print(f"note: {plugins.describe(conflict)}")
     try:
         default, why = Device.default_and_reason()
         print(f"\ndefault device: {default} ({why})")

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import math
 import mmap
 import os
+import threading
+import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, getenv
-from tgcore.plugin import DeviceSpec, plugins
+from tgcore.plugin import DeviceSpec, outside_stacklevel, plugins
 
 
 class CompileError(Exception):
@@ -308,32 +312,127 @@ class Compiled:
 
 _PARTS = ("tg_renderer", "tg_compiler", "tg_allocator", "tg_runtime")
 
+PROBE_TIMEOUT_ENV = "TGCORE_PROBE_TIMEOUT"
+DEFAULT_PROBE_TIMEOUT_S = 5.0  # a probe that has not answered by then is taken as hung (today's probes take < 0.2 s)
+_UNKNOWN = object()  # (a status not computed yet: None means "usable")
 
-def _probe_instance(spec: DeviceSpec, instance: str) -> Optional[str]:
-    """The spec's probe asked about one instance, when the probe takes an argument (else None: usable)."""
+
+class DeviceFallbackWarning(UserWarning):
+    """The device that would be the default is not available here, so new tensors go to another one."""
+
+
+def probe_timeout() -> Optional[float]:
+    """The seconds one device's probe may take (TGCORE_PROBE_TIMEOUT, default 5); None when 0 asks for no limit."""
+    raw = os.environ.get(PROBE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PROBE_TIMEOUT_S
     try:
-        if not inspect.signature(spec.probe).parameters:
-            return None
-        return spec.probe(instance)
-    except Exception as e:
-        return f"probe raised {type(e).__name__}: {e}"
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds):
+        raise ValueError(
+            f"{PROBE_TIMEOUT_ENV}={raw!r} is not a number: expected the seconds a device's probe may take "
+            f"(e.g. {PROBE_TIMEOUT_ENV}=30, or 0 for no limit)"
+        )
+    return None if seconds <= 0 or math.isinf(seconds) else seconds
+
+
+def _checked_answer(answer: Any, what: str) -> Optional[str]:
+    """A probe's answer as a status: None (usable) or a reason; anything else breaks the contract."""
+    if answer is None or isinstance(answer, str):
+        return answer
+    return f"{what} returned {answer!r}: expected None (usable here) or a str that says why not"
+
+
+class _Check:
+    """One device check (a probe, and for a device the part hooks) running in a daemon thread of its own, so that a
+    hung one is abandoned at its deadline (its late answer is ignored) and the checks of several devices overlap."""
+
+    def __init__(self, name: str, work: Callable[[], Optional[str]]) -> None:
+        self.name, self._work = name, work
+        self._done = threading.Event()
+        self._answer: Optional[str] = None
+        self._error: Optional[BaseException] = None
+        try:
+            threading.Thread(target=self._run, name=f"tgcore probe {name}", daemon=True).start()
+        except RuntimeError:  # no thread can be started (a process at its limit): check here, without a deadline
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self._answer = self._work()
+        except BaseException as e:  # (a SystemExit would otherwise end the thread without a word)
+            self._error = e
+        finally:
+            self._done.set()
+
+    def result(self, deadline: Optional[float], timeout: Optional[float]) -> Optional[str]:
+        """The check's answer, or why there is none by `deadline` (time.monotonic(); None waits as long as it takes)."""
+        if not self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            return (
+                f"probe timed out: no answer within {timeout:g} s ({PROBE_TIMEOUT_ENV}), so it is taken as hung (on a "
+                f"driver, a device or a tool it starts); if this device is only slow to start, set {PROBE_TIMEOUT_ENV} "
+                "to more seconds (0 for no limit)"
+            )
+        if isinstance(self._error, KeyboardInterrupt):
+            raise self._error
+        if self._error is not None:
+            return f"probe raised {type(self._error).__name__}: {self._error}"
+        return self._answer
+
+
+def _check_device(base: str, spec: DeviceSpec) -> Optional[str]:
+    """None when device `base` is usable: its probe says so and plugins provide every part it needs; else why not."""
+    reason = _checked_answer(spec.probe(), "probe")
+    if reason is not None:
+        return reason
+    needed = ("tg_allocator",) if spec.storage_only else _PARTS  # storage runs no kernels
+    missing = []
+    for part in needed:
+        try:
+            if plugins.part(part, base) is None:
+                missing.append(part[3:])
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            return f"its {part} hook raised {type(e).__name__}: {e}"
+    return f"no plugin provides its {', '.join(missing)}" if missing else None
+
+
+def _check_instance(spec: DeviceSpec, instance: str) -> Optional[str]:
+    """The spec's probe asked about one instance (a probe that takes no argument answers for the device only)."""
+    return _checked_answer(spec.probe(instance), "probe")
+
+
+def _takes_instance(spec: DeviceSpec) -> bool:
+    try:
+        return bool(inspect.signature(spec.probe).parameters)
+    except (TypeError, ValueError):  # a callable without a signature is asked about the device only
+        return False
 
 
 class _Device:
-    """`Device["MYDEV"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to."""
+    """`Device["MYDEV"]` gives the device instance; `Device.DEFAULT` is the device new tensors go to.
+
+    Discovery, probes, opening an instance and choosing DEFAULT happen once, under the plugin manager's lock and checked
+    again inside it, so threads that start at once wait for one answer; what is known already is read without a lock.
+    """
 
     def __init__(self) -> None:
         self._instances: dict[str, Compiled] = {}
         self._default: Optional[str] = None
         self._status: dict[str, Optional[str]] = {}  # device or instance name -> None (usable) or why not
         self._storage_only: dict[str, bool] = {}  # device or instance name -> DeviceSpec.storage_only
+        self._warned: set[str] = set()  # fall-back warnings given, by text: each once per process
         plugins.on_change.append(self._reset)
 
     def _reset(self) -> None:
-        self._instances.clear()
-        self._status.clear()
-        self._storage_only.clear()
-        self._default = None
+        with plugins.lock:
+            self._instances.clear()
+            self._status.clear()
+            self._storage_only.clear()
+            self._default = None
 
     @staticmethod
     def canonicalize(name: Optional[str]) -> str:
@@ -366,81 +465,157 @@ class _Device:
     def status(self, name: str) -> Optional[str]:
         """None when device (or device instance) `name` is usable here, else the reason it is not."""
         full = self.canonicalize(name)
+        if (known := self._status.get(full, _UNKNOWN)) is not _UNKNOWN:
+            return known  # type: ignore[return-value]
         base = full.split(":")[0]
-        if full != base:
-            if (reason := self.status(base)) is not None:
-                return reason
-            if full not in self._status:
-                self._status[full] = _probe_instance(self.specs()[base], full)
-            return self._status[full]
-        if base in self._status:
+        self._check([base])
+        if full == base or self._status[base] is not None:  # (an instance of an unusable device is unusable)
             return self._status[base]
-        specs = self.specs()
+        with plugins.lock:
+            if full not in self._status:
+                spec, reason = self.specs()[base], None
+                if _takes_instance(spec):
+                    timeout = probe_timeout()
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    reason = _Check(full, lambda: _check_instance(spec, full)).result(deadline, timeout)
+                self._status[full] = reason
+            return self._status[full]
+
+    def _check(self, bases: list[str]) -> None:
+        """Find out whether each device in `bases` is usable, where not known yet: the probes run at once, each in a
+        thread of its own within the time limit, so several slow ones take as long as the slowest, not their sum."""
+        if all(base in self._status for base in bases):
+            return
+        with plugins.lock:
+            specs = self.specs()
+            checks: dict[str, _Check] = {}
+            for base in bases:
+                if base in self._status or base in checks:
+                    continue
+                if base in specs:
+                    checks[base] = _Check(base, lambda base=base, spec=specs[base]: _check_device(base, spec))
+                else:
+                    self._status[base] = self._unknown_reason(base)
+            if not checks:
+                return
+            timeout = probe_timeout()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for base, check in checks.items():
+                self._status[base] = self._with_shadowed(base, check.result(deadline, timeout))
+
+    def _unknown_reason(self, base: str) -> str:
         if base in plugins.registry.rejected:
-            reason = plugins.registry.rejected[base]
-        elif base not in specs:
-            failed = [f"{r.name}: {r.error}" for r in plugins.records.values() if r.error]
-            reason = f"no installed plugin provides device {base}; available devices: {sorted(specs)}" + (
-                f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""
-            )
-        else:
-            try:
-                reason = specs[base].probe()
-            except Exception as e:
-                reason = f"probe raised {type(e).__name__}: {e}"
-            if reason is None:
-                needed = ("tg_allocator",) if specs[base].storage_only else _PARTS  # storage runs no kernels
-                missing = [p[3:] for p in needed if plugins.part(p, base) is None]
-                reason = f"no plugin provides its {', '.join(missing)}" if missing else None
-        self._status[base] = reason
-        return reason
+            return plugins.registry.rejected[base]
+        failed = [f"{r.name}: {r.error}" for r in plugins.records.values() if r.error]
+        return f"no installed plugin provides device {base}; available devices: {sorted(self.specs())}" + (
+            f"; plugins that failed to load: {'; '.join(failed)}" if failed else ""
+        )
+
+    @staticmethod
+    def _with_shadowed(base: str, reason: Optional[str]) -> Optional[str]:
+        """An unusable device's reason, naming the other plugins that register the same name (and how to pick one)."""
+        others = [r.plugin for r in plugins.registry.claims(base) if r.refused is not None]
+        if reason is None or not others:
+            return reason
+        owner = plugins.registry.owner.get(base, "?")
+        names = ", ".join(repr(o) for o in others) + (" also registers" if len(others) == 1 else " also register")
+        return (
+            f"{reason} (device {base} of plugin {owner!r}; {names} {base}, shadowed by it: "
+            f"{plugins.how_to_choose(others[0], owner)})"
+        )
 
     def __getitem__(self, name: str) -> Compiled:
-        if (inst := self._instances.get(name)) is not None:  # already canonical and open: the common case
+        if (inst := self._instances.get(name)) is not None:  # already canonical and open: the common case, no lock
             return inst
         full = self.canonicalize(name)
         if (inst := self._instances.get(full)) is not None:
             return inst
-        base = full.split(":")[0]
         if (reason := self.status(full)) is not None:
             raise DeviceUnavailable(f"device {full} is not available: {reason}")
-        try:
-            parts = [plugins.part(p, base, full) for p in _PARTS]
-        except Exception as e:
-            raise DeviceUnavailable(f"device {full}: a plugin part raised {type(e).__name__}: {e}") from e
-        inst = self._instances[full] = Compiled(full, self.specs()[base], *parts)
+        with plugins.lock:
+            if (inst := self._instances.get(full)) is not None:  # another thread opened it meanwhile
+                return inst
+            base = full.split(":")[0]
+            try:
+                parts = [plugins.part(p, base, full) for p in _PARTS]
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                raise DeviceUnavailable(f"device {full}: a plugin part raised {type(e).__name__}: {e}") from e
+            inst = self._instances[full] = Compiled(full, self.specs()[base], *parts)
         if DEBUG >= 1:
             print(f"opened device {full} from plugin {plugins.registry.owner[base]}")
         return inst
+
+    def statuses(self) -> dict[str, Optional[str]]:
+        """The status of every registered device (None: usable, else why not), their probes run at once."""
+        names = list(self.specs())
+        self._check(names)
+        return {name: self._status.get(name) for name in names}
 
     def available(self) -> list[str]:
         """Names of the usable devices that run kernels, highest priority first (a storage-only device, such as
         DISK, holds data for them and is not listed)."""
         specs = self.specs()
-        usable = (n for n in specs if not specs[n].storage_only and self.status(n) is None)
-        return sorted(usable, key=lambda n: -specs[n].priority)
+        compute = [n for n in specs if not specs[n].storage_only]
+        self._check(compute)
+        return sorted((n for n in compute if self._status.get(n, _UNKNOWN) is None), key=lambda n: -specs[n].priority)
 
     @property
     def DEFAULT(self) -> str:
-        if self._default is None:
-            self._default = self.default_and_reason()[0]
-        return self._default
+        if (default := self._default) is not None:
+            return default
+        with plugins.lock:
+            if self._default is None:
+                default, why = self.default_and_reason()
+                if why == _BY_PRIORITY:
+                    self._warn_fallback(default)
+                if not plugins.loaded:  # (asked by a plugin while it is being imported: decide once all are in)
+                    return default
+                self._default = default
+            return self._default
 
     @DEFAULT.setter
     def DEFAULT(self, name: str) -> None:
         self._default = self.canonicalize(name)
 
+    def _warn_fallback(self, default: str) -> None:
+        """Warn (once) when devices of higher priority than `default` are unavailable: no silent fall-back."""
+        specs = self.specs()
+        skipped = [
+            f"{n} (priority {spec.priority}): {self._status.get(n)}"
+            for n, spec in sorted(specs.items(), key=lambda item: -item[1].priority)
+            if not spec.storage_only and spec.priority > specs[default].priority and self.status(n) is not None
+        ]
+        message = (
+            f"{'device' if len(skipped) == 1 else 'devices'} of higher priority than {default} "
+            f"{'is' if len(skipped) == 1 else 'are'} not available here: {'; '.join(skipped)}. New tensors go to "
+            f"{default} (priority {specs[default].priority}) instead: fix the cause to use the device, or set "
+            f"DEVICE={default} to choose {default} (which also silences this warning); `python -m tgcore devices` "
+            "lists every device"
+        )
+        if skipped and message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, DeviceFallbackWarning, stacklevel=outside_stacklevel())
+
     def default_and_reason(self) -> tuple[str, str]:
         """The default device and why it was chosen."""
         if env := os.environ.get("DEVICE"):
             return self.canonicalize(env), "set by DEVICE"
-        for name, spec in self.specs().items():
+        for name, spec in list(self.specs().items()):
             if not spec.storage_only and os.environ.get(name, "") not in ("", "0"):
                 return name, f"set by {name}={os.environ[name]}"
         available = self.available()
         if not available:
-            raise DeviceUnavailable("no device is available; run `python -m tgcore devices` to see why")
-        return available[0], "the available device with the highest priority"
+            specs = self.specs()
+            reasons = [f"{n}: {self.status(n)}" for n in specs if not specs[n].storage_only]
+            raise DeviceUnavailable(
+                f"no device is available ({'; '.join(reasons) or 'no device is registered'}); "
+                "run `python -m tgcore devices` to see every plugin and device"
+            )
+        return available[0], _BY_PRIORITY
 
+
+_BY_PRIORITY = "the available device with the highest priority"
 
 Device = _Device()
