@@ -67,12 +67,13 @@ class Tensor:
         if isinstance(data, MultiLazyBuffer) or isinstance(device, (tuple, list)):
             self.lazydata = _multi_lazydata(data, device, dt)
             return
-        device = Device.canonicalize(device)
-        if isinstance(data, LazyBuffer):
+        if isinstance(data, LazyBuffer):  # (its device is the tensor's: the default device is not looked up)
             if dt is not None and dt != data.dtype:
                 raise TypeError(f"a LazyBuffer of {data.dtype} cannot become a tensor of {dt}; use .cast()")
-            lb = data
-        elif data is None:
+            self.lazydata = data
+            return
+        device = Device.canonicalize(device)
+        if data is None:
             lb = LazyBuffer.loadop(LoadOps.EMPTY, (0,), dt or dtypes.default_float, device)
         elif isinstance(data, Variable):  # a symbolic scalar, bound when a kernel runs
             lb = LazyBuffer.loadop(LoadOps.CONST, (), dt or dtypes.int32, device, data)
@@ -99,7 +100,7 @@ class Tensor:
                 f"cannot make a tensor from {type(data).__name__}: expected a number, a (nested) list, "
                 "a numpy array, bytes or a LazyBuffer"
             )
-        if lb.device != device and device is not None and not isinstance(data, LazyBuffer):
+        if lb.device != device and device is not None:
             lb = lb.copy_to_device(device)
         self.lazydata = lb
 
