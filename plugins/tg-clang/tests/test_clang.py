@@ -14,7 +14,7 @@ from tg_conformance import reference as ref
 from tg_conformance import uop_cases
 from tg_conformance.target import Target
 
-from tgcore import Device, GlobalCounters, Tensor, dtypes
+from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes
 from tgcore.device import CompileError
 from tgcore.ops import BinaryOps
 
@@ -250,3 +250,67 @@ def test_tensor_a_times_b_plus_c_rounds_twice(dtype):
     exp = ref.alu_reference(BinaryOps.ADD, dtype, [ref.alu_reference(BinaryOps.MUL, dtype, [a, b]), c])
     np.testing.assert_array_equal(got, exp.astype(np.float32))
     assert not np.any(got)  # every lane: exactly 0 (a fused sum would be the product's rounding error)
+
+
+# ***** names from outside (a model file's dimension names) in generated C *****
+
+
+def hostile_names(marker: str) -> list[str]:
+    """Variable names that would break out of a C identifier (several run `touch marker` if pasted into the source),
+    C keywords, and names the renderer, its header or the core use themselves."""
+    shell = f'system("touch {marker}")'
+    return [
+        f"N\n#define N ({shell}, 4)\n",
+        f"n; {shell}; int m",
+        f"n */ {shell}; /* x",
+        f"n // x\n{shell};",
+        f'"{shell}"',
+        "it's",
+        "back\\slash\\",
+        "%d %n",
+        "two words",
+        "naïve",
+        "名前",
+        "int",
+        "return",
+        "bufs",
+        "vals",
+        "gidx0",
+        "ridx0",
+        "acc0",
+        "data0",
+        "alu0",
+        "core_start",
+        "INFINITY",
+        "fmaf",
+        "tg_exp2f",
+        "main",
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(hostile_names(""))))
+def test_a_hostile_variable_name_compiles_runs_and_runs_nothing_else(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a relative `touch` would land, too
+    marker = tmp_path / "pwned"
+    name = hostile_names(str(marker))[index]
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    # two Variables in one kernel: the hostile one and a plain one, bound to other values
+    a = Tensor(x[:4, :5].copy(), device="CLANG").reshape(Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5))
+    np.testing.assert_array_equal((a * 2 + 1).sum().numpy(), (x[:4, :5] * 2 + 1).sum())
+    b = Tensor(x[:, :5].copy(), device="CLANG").reshape(6, Variable(name, 1, 7).bind(5))
+    np.testing.assert_array_equal((b * 3 - 1).sum(1).numpy(), (x[:, :5] * 3 - 1).sum(1))
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_variable_named_like_the_thread_bounds_in_a_threaded_kernel():
+    from tgcore.codegen.uops import UOps
+    from tgcore.engine.realize import get_kernel
+
+    x = np.arange(1024 * 300, dtype=np.float32).reshape(1024, 300) % 7
+    a = Tensor(x, device="CLANG").reshape(1024, Variable("core_start", 1, 512).bind(300))
+    out = (a * 2).sum(1)
+    program = get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG").to_program()
+    assert program.thread_extent is not None  # the loop is split across threads: core_start / core_end are the core's
+    names = [u.arg[0] for u in program.uops if u.op is UOps.DEFINE_VAR]
+    assert names == ["var_core_start", "core_start", "core_end"]
+    np.testing.assert_array_equal(out.numpy(), (x * 2).sum(1))
