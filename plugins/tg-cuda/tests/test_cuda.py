@@ -636,3 +636,40 @@ def test_a_hostile_variable_name_computes_numpys_result_on_emulated_cuda(
     for out, want in zip(outs, wants):
         np.testing.assert_array_equal(out.numpy(), want)
     assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_compile_error_shows_the_line_the_log_points_at_and_reports_the_rest(
+    compiler: CUDACompiler, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "".join(f"// padding line {i} {'.' * 100}\n" for i in range(150))
+    src += 'extern "C" __global__ void f(int* a) {\n  a[0] = nope;\n}\n'
+    with pytest.raises(CompileError) as info:
+        compiler.compile(src)
+    text = str(info.value)
+    assert len(text) < 2000 and ">  152 |   a[0] = nope;" in text and '   151 | extern "C"' in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()
+
+
+def test_a_ptxas_removed_mid_run_is_a_compile_error_that_names_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = "{}.{}".format(*load_nvrtc().version)
+    ptxas = tmp_path / "ptxas-that-goes"
+    ptxas.write_text(f'#!/bin/sh\necho "Cuda compilation tools, release {release}, V{release}.0"\n')
+    ptxas.chmod(0o755)
+    monkeypatch.setenv("TG_CUDA_PTXAS", str(ptxas))
+    compiler = CUDACompiler(90)
+    assert compiler.ptxas is not None and compiler.ptxas.path == str(ptxas)
+    os.unlink(ptxas)
+    with pytest.raises(CompileError, match="ptxas-that-goes cannot be run .*No such file.*TG_CUDA_PTXAS=0"):
+        compiler.compile(_render_elementwise())
+
+
+def _render_elementwise() -> str:
+    return CUDARenderer().render("E_100", elementwise(BinaryOps.ADD, dtypes.float32))

@@ -713,3 +713,33 @@ def test_a_hostile_variable_name_computes_numpys_result_on_a_fake_mac(
     for out, want in zip(outs, wants):
         np.testing.assert_array_equal(out.numpy(), want)
     assert not marker.exists() and not os.listdir(tmp_path)
+
+
+@needs_cxx
+def test_a_syntax_error_shows_the_line_the_log_points_at_and_reports_the_rest(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "#include <metal_stdlib>\n" + "".join(f"// padding line {i} {'.' * 100}\n" for i in range(150))
+    src += "kernel void f(device int* a) {\n  a[0] = nope;\n}\n"
+    with pytest.raises(MetalSyntaxError) as info:
+        check_syntax("k", src)
+    text = str(info.value)
+    assert len(text) < 2000 and ">  153 |   a[0] = nope;" in text and "   152 | kernel void f" in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()
+
+
+def test_a_front_end_removed_mid_run_is_a_syntax_error_that_names_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tg_metal import syntax
+
+    gone = str(tmp_path / "cxx-that-goes")
+    monkeypatch.setattr(syntax, "find_cxx", lambda: gone)  # found, then removed before it runs
+    with pytest.raises(MetalSyntaxError, match="cxx-that-goes cannot be run .*No such file.*TG_METAL_SYNTAX_CHECK=0"):
+        check_syntax("k", "kernel void f() {}\n")

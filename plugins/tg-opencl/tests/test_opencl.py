@@ -482,3 +482,19 @@ def test_a_hostile_variable_name_compiles_runs_and_runs_nothing_else(index, tmp_
     b = Tensor(x[:, :5].copy(), device="OPENCL").reshape(6, Variable(name, 1, 7).bind(5))
     np.testing.assert_array_equal((b * 3 - 1).sum(1).numpy(), (x[:, :5] * 3 - 1).sum(1))
     assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_compile_error_shows_the_line_the_log_points_at_and_reports_the_rest(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "".join(f"// padding line {i} {'.' * 100}\n" for i in range(150))
+    src += "__kernel void f(__global int* a) {\n  a[0] = nope;\n}\n"
+    with pytest.raises(CompileError) as info:
+        Device[DEV].compiler.compile(src)
+    text = str(info.value)
+    assert len(text) < 3000 and ">  152 |   a[0] = nope;" in text and "   151 | __kernel void f" in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()
