@@ -155,3 +155,7 @@ def _remove_own_folder() -> None:
     folder = _state.get("folder")
     if _state.get("pid") == os.getpid() and isinstance(folder, str):
         shutil.rmtree(folder, ignore_errors=True)
+    fallback = _state.get("user")  # a private folder made because the user's could not be used: gone if empty
+    if isinstance(fallback, str):
+        with contextlib.suppress(OSError):
+            os.rmdir(fallback)
