@@ -22,11 +22,26 @@ from tgcore.plugin import DeviceSpec, outside_stacklevel, plugins
 
 
 class CompileError(Exception):
-    """A kernel failed to compile; carries the compiler's log and the source."""
+    """A kernel failed to compile; carries the compiler's log and the source.
+
+    Its text is short: the message, the log's first lines and the source lines the log points at, with the path of a
+    report that holds the whole log and source (tgcore/renderer/errors.py; written when the text is first asked for,
+    so that a caught error costs nothing)."""
 
     def __init__(self, message: str, log: str = "", src: str = "") -> None:
-        super().__init__(f"{message}\n--- compiler log ---\n{log}\n--- source ---\n{src}" if log or src else message)
-        self.log, self.src = log, src
+        super().__init__(message)
+        self.message, self.log, self.src = message, log, src
+        self._text: Optional[str] = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a copy in another process keeps the log and the source
+        return (type(self), (self.message, self.log, self.src))
+
+    def __str__(self) -> str:
+        if self._text is None:
+            from tgcore.renderer.errors import compile_error_text
+
+            self._text = compile_error_text(self.message, self.log, self.src)
+        return self._text
 
 
 class DeviceUnavailable(RuntimeError):
@@ -53,7 +68,14 @@ class Compiler:
         if use_disk:
             lib = diskcache_get(self.cachekey, src)
         if lib is None:
-            lib = self.compile(src)
+            try:
+                lib = self.compile(src)
+            except OSError as e:  # a plugin that let one through: its compiler (or a file it needs) is not there
+                raise CompileError(
+                    f"{type(self).__name__} could not compile ({type(e).__name__}: {e}): check that its compiler is "
+                    "installed and runs (`python -m tgcore devices` says what each device needs)",
+                    src=src,
+                ) from e
             if use_disk:
                 diskcache_put(self.cachekey, src, lib)
         _compiled[key] = lib

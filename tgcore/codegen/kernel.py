@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
 
+from tgcore.codegen.names import check_names, internal_prefix, kernel_identifier
 from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES
 from tgcore.dtype import DType, dtypes
-from tgcore.helpers import prod, to_function_name
+from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tgcore.renderer import ProgramSpec, Renderer
 from tgcore.shape.shapetracker import ShapeTracker
@@ -410,10 +411,12 @@ class Kernel:
 
     def _axes_read(self, leaf: LazyOp, candidates: list[int]) -> list[int]:
         """The `candidates` that `leaf`'s index or validity depends on."""
-        idxs = [Variable(f"_axis{a}", 0, _int(s) - 1) if s != 1 else NumNode(0) for a, s in enumerate(self.full_shape)]
-        idx, valid = self.sts[leaf].expr_idxs(idxs)
+        st = self.sts[leaf]
+        axis = internal_prefix("_axis", (v.expr for v in st.vars()))  # unlike the name of a Variable of the user's
+        idxs = [Variable(f"{axis}{a}", 0, _int(s) - 1) if s != 1 else NumNode(0) for a, s in enumerate(self.full_shape)]
+        idx, valid = st.expr_idxs(idxs)
         used = {v.expr for v in idx.vars()} | {v.expr for v in valid.vars()}
-        return [a for a in candidates if f"_axis{a}" in used]
+        return [a for a in candidates if f"{axis}{a}" in used]
 
     def stage_size(self, leaf: LazyOp) -> int:
         """Elements a STAGE of `leaf` copies."""
@@ -715,8 +718,9 @@ class Kernel:
 
     @property
     def name(self) -> str:
+        """The kernel's function name: r_ or E_ and its shape, as an identifier (codegen/names.py)."""
         prefix = "r" if self.reduceops else "E"
-        return to_function_name(prefix + "_" + "_".join(str(s) for s in self.full_shape) if self.full_shape else prefix)
+        return kernel_identifier("_".join([prefix, *(str(s) for s in self.full_shape)]))
 
     def to_program(self, name_override: Optional[str] = None) -> ProgramSpec:
         """Linearize and render this kernel."""
@@ -724,7 +728,8 @@ class Kernel:
 
         lin = Linearizer(self)
         uops = lin.linearize()
-        name = name_override or self.name
+        name = kernel_identifier(name_override) if name_override is not None else self.name
+        check_names(name, lin.header)  # the one check between the names of the kernel and the renderer
         src = self.opts.render(name, uops)
         return ProgramSpec(
             name,

@@ -16,6 +16,7 @@ import itertools
 from typing import Any, Optional, Union
 
 from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
+from tgcore.codegen.names import THREAD_BOUNDS, internal_prefix, variable_identifier
 from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
@@ -32,7 +33,6 @@ _PURE = (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE)
 # a kernel's outermost loop is split across threads when it runs at least this many innermost iterations (handing
 # work to another thread costs 30-50 us on a 2-core VM: an elementwise kernel of 2^18 floats is where it starts to pay)
 THREAD_MIN_WORK = 1 << 18
-_THREAD_BOUNDS = ("core_start", "core_end")
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
 _VECTOR_REDUCE = (ReduceOps.SUM,)
 MAX_VECTOR = 16
@@ -159,12 +159,19 @@ class Linearizer:
             if leaf.op is BufferOps.CONST and isinstance(leaf.arg.val, Variable):
                 shape_vars.add(leaf.arg.val)
         self.variables = sorted(shape_vars, key=lambda v: v.expr)
-        self.var_uops = {v.expr: UOp(UOps.DEFINE_VAR, dtypes.int32, (), (v.expr, v.min, v.max)) for v in self.variables}
+        # each by the identifier its name maps to (codegen/names.py): the user's name never reaches the source
+        self.var_uops = {
+            v.expr: UOp(UOps.DEFINE_VAR, dtypes.int32, (), (variable_identifier(v.expr), v.min, v.max))
+            for v in self.variables
+        }
         self.header.extend(self.var_uops.values())
         self.index_vars: dict[Variable, UOp] = {}
         self.ranges: list[UOp] = []
+        # the loop indices, as Variables named unlike any of the kernel's own (a user's Variable named _axis0 with
+        # the same bounds would compare equal to one, and be read as that loop's index)
+        axis = internal_prefix("_axis", self.var_uops)
         self.axis_vars = [
-            Variable(f"_axis{i}", 0, s - 1) if isinstance(s, int) else Variable(f"_axis{i}", 0, s.max - 1)
+            Variable(f"{axis}{i}", 0, s - 1) if isinstance(s, int) else Variable(f"{axis}{i}", 0, s.max - 1)
             for i, s in enumerate(k.full_shape[: k.first_upcast])
         ]
         # lanes: every combination of the upcast axes' indices, in C order (the last axis varies fastest); groups:
@@ -253,7 +260,7 @@ class Linearizer:
                 if n == 0 and may_thread and self._threaded(axes):
                     assert isinstance(s, int)
                     self.thread_extent = s
-                    bounds = [UOp(UOps.DEFINE_VAR, dtypes.int32, (), (name, 0, s)) for name in _THREAD_BOUNDS]
+                    bounds = [UOp(UOps.DEFINE_VAR, dtypes.int32, (), (name, 0, s)) for name in THREAD_BOUNDS]
                     self.header.extend(bounds)
                     r = self.open_range(bounds[0], bounds[1], a, False)
                 else:
@@ -272,7 +279,7 @@ class Linearizer:
             self.global_size = tuple(reversed(sizes)) + (1,) * (3 - len(sizes)) if sizes else (1, 1, 1)
         else:  # too many axes for the grid: one flat index, split into the axes
             total = prod(sizes)
-            flat = self.uop(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", total), cse=False)
+            flat = self.uop(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", self._source_node(total)), cse=False)
             stride = 1
             for a, s in reversed(list(zip(axes, sizes))):
                 self.index_vars[self.axis_vars[a]] = self.alu(
@@ -292,6 +299,12 @@ class Linearizer:
             )
             local_size[dim] = size
         self.local_size = tuple(local_size)
+
+    def _source_node(self, n: sint) -> sint:
+        """`n` with its Variables renamed to their identifiers: a uop's Node argument may be spelled in the source."""
+        if not isinstance(n, Node) or not (found := n.vars()):
+            return n
+        return n.substitute({v: Variable(variable_identifier(v.expr), v.min, v.max) for v in found})
 
     # ***** buffer accesses *****
 

@@ -4,12 +4,14 @@ A kernel is a list of UOps in execution order. Each UOp is `UOp(op, dtype, src, 
 of the same list. The kinds, as `op: dtype; src; arg`:
 
 - DEFINE_GLOBAL: PtrDType of the elements; (); (index, name, writable): a buffer argument
-- DEFINE_VAR: int32; (); (name, min, max): a symbolic shape variable passed by value
+- DEFINE_VAR: int32; (); (name, min, max): a symbolic shape variable passed by value; name is its identifier
+  (codegen/names.py: `var_<name>` or `varx_<hex>`, never the user's text) or core_start / core_end
 - DEFINE_LOCAL: PtrDType of the elements; (); (name, size): memory shared by a workgroup; in a CPU-style kernel
   (a Renderer with `scratch_max`, never with a BARRIER) scratch memory of the calling thread's own
 - DEFINE_ACC: scalar; (); the initial value (a Python number): an accumulator variable
 - CONST: scalar; (); a Python bool / int / float
-- SPECIAL: int32; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>" (local)
+- SPECIAL: int32; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>" (local); size
+  an int, or a Node (a symbolic launch) whose Variables carry their identifiers as names
 - RANGE: int32; (start CONST, end); (axis, is_reduce): a loop variable, from start up to end (exclusive)
 - ENDRANGE: None; (RANGE,); None: closes the loop
 - LOAD: element dtype; (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false
@@ -33,6 +35,9 @@ Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever
   declares `fused_mulacc`: lane by lane, every operand a vector of the same dtype,
 - DEFINE_ACC (every lane starts at the scalar arg) and PHI,
 besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops) stays scalar, through GEP.
+
+Every name a uop declares (and the kernel name a renderer receives) is an ASCII identifier that no other declaration
+of the kernel shares; codegen/names.py says which names a renderer may give its own declarations.
 
 Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s, except float32 and
 float64 MULACC on a renderer that declares `fused_mulacc`: a*b+c rounded once (C's fma). The linearizer emits

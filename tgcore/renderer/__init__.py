@@ -49,6 +49,7 @@ class Renderer:
     fused_mulacc: bool = False
 
     def render(self, name: str, uops: list[UOp]) -> str:
+        """The source of kernel `name` (an identifier, as every name in `uops`: codegen/names.py) computing `uops`."""
         raise NotImplementedError(f"{type(self).__name__} does not implement render")
 
 

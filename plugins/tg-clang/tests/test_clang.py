@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 
 import numpy as np
 import pytest
 from tg_clang.compiler import ClangCompiler
+from tg_clang.toolchain import Toolchain
 from tg_conformance import reference as ref
 from tg_conformance import uop_cases
 from tg_conformance.target import Target
 
-from tgcore import Device, GlobalCounters, Tensor, dtypes
+from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes
 from tgcore.device import CompileError
 from tgcore.ops import BinaryOps
+from tgcore.renderer import scratch
 
 
 def test_clang_is_available_and_default():
@@ -250,3 +257,229 @@ def test_tensor_a_times_b_plus_c_rounds_twice(dtype):
     exp = ref.alu_reference(BinaryOps.ADD, dtype, [ref.alu_reference(BinaryOps.MUL, dtype, [a, b]), c])
     np.testing.assert_array_equal(got, exp.astype(np.float32))
     assert not np.any(got)  # every lane: exactly 0 (a fused sum would be the product's rounding error)
+
+
+# ***** names from outside (a model file's dimension names) in generated C *****
+
+
+def hostile_names(marker: str) -> list[str]:
+    """Variable names that would break out of a C identifier (several run `touch marker` if pasted into the source),
+    C keywords, and names the renderer, its header or the core use themselves."""
+    shell = f'system("touch {marker}")'
+    return [
+        f"N\n#define N ({shell}, 4)\n",
+        f"n; {shell}; int m",
+        f"n */ {shell}; /* x",
+        f"n // x\n{shell};",
+        f'"{shell}"',
+        "it's",
+        "back\\slash\\",
+        "%d %n",
+        "two words",
+        "naïve",
+        "名前",
+        "int",
+        "return",
+        "bufs",
+        "vals",
+        "gidx0",
+        "ridx0",
+        "acc0",
+        "data0",
+        "alu0",
+        "core_start",
+        "INFINITY",
+        "fmaf",
+        "tg_exp2f",
+        "main",
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(hostile_names(""))))
+def test_a_hostile_variable_name_compiles_runs_and_runs_nothing_else(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a relative `touch` would land, too
+    marker = tmp_path / "pwned"
+    name = hostile_names(str(marker))[index]
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    # two Variables in one kernel: the hostile one and a plain one, bound to other values
+    a = Tensor(x[:4, :5].copy(), device="CLANG").reshape(Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5))
+    np.testing.assert_array_equal((a * 2 + 1).sum().numpy(), (x[:4, :5] * 2 + 1).sum())
+    b = Tensor(x[:, :5].copy(), device="CLANG").reshape(6, Variable(name, 1, 7).bind(5))
+    np.testing.assert_array_equal((b * 3 - 1).sum(1).numpy(), (x[:, :5] * 3 - 1).sum(1))
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_variable_named_like_the_thread_bounds_in_a_threaded_kernel():
+    from tgcore.codegen.uops import UOps
+    from tgcore.engine.realize import get_kernel
+
+    x = np.arange(1024 * 300, dtype=np.float32).reshape(1024, 300) % 7
+    a = Tensor(x, device="CLANG").reshape(1024, Variable("core_start", 1, 512).bind(300))
+    out = (a * 2).sum(1)
+    program = get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG").to_program()
+    assert program.thread_extent is not None  # the loop is split across threads: core_start / core_end are the core's
+    names = [u.arg[0] for u in program.uops if u.op is UOps.DEFINE_VAR]
+    assert names == ["var_core_start", "core_start", "core_end"]
+    np.testing.assert_array_equal(out.numpy(), (x * 2).sum(1))
+
+
+# ***** compile errors, compiler faults and what a killed compile leaves *****
+
+
+def _wrapper(path, body: str) -> str:
+    """A shell script at `path` standing in for the C compiler: `body`, then the real compiler with its arguments."""
+    real = Toolchain.resolve().cc
+    path.write_text(f'#!/bin/sh\n{body}\nexec "{real}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_compile_error_shows_the_lines_the_log_points_at_and_reports_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    lines = [f"int f{i}(int x) {{ return x * {i} + {i % 7}; /* {'padding ' * 6}*/ }}" for i in range(300)]
+    lines[149] = "int f149(int x) { return y149; }"
+    src = "\n".join(lines) + "\n"
+    assert len(src) > 15000
+    with pytest.raises(CompileError) as info:
+        ClangCompiler().compile(src)
+    text = str(info.value)
+    assert len(text) < 3000 and text.count("\n") < 40
+    assert info.value.log.strip().splitlines()[0] in text and "y149" in text
+    assert ">  150 | int f149(int x) { return y149; }" in text  # the line the log points at, marked
+    assert "   148 | " in text and "   152 | " in text and "   147 | " not in text and "   153 | " not in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path / f"tgcore-{os.getuid()}" / "compile-errors"))
+    with open(report, encoding="utf-8") as f:
+        saved = f.read()
+    assert src in saved and info.value.log in saved
+    assert info.value.src == src and "y149" in info.value.log  # the error still carries both, whole
+    restored = pickle.loads(pickle.dumps(info.value))  # (an error sent from another process)
+    assert (restored.log, restored.src, str(restored)) == (info.value.log, src, text)
+
+
+def test_a_compiler_removed_mid_run_is_a_compile_error_that_names_it(tmp_path):
+    cc = _wrapper(tmp_path / "cc-that-goes", "")
+    compiler = ClangCompiler(Toolchain.resolve(cc))
+    assert compiler.compile("int f(void) { return 1; }\n")  # it works, then it is gone
+    os.unlink(cc)
+    with pytest.raises(CompileError, match="cc-that-goes cannot be run .*No such file.*set CC to a C compiler"):
+        compiler.compile("int f(void) { return 2; }\n")
+    (tmp_path / "cc-that-goes").write_text("#!/bin/sh\n")  # there, but not runnable
+    with pytest.raises(CompileError, match="cc-that-goes cannot be run .*Permission denied"):
+        compiler.compile("int f(void) { return 3; }\n")
+
+
+def test_a_compiler_killed_by_a_signal_says_so(tmp_path):
+    cc = _wrapper(tmp_path / "cc", 'case "$*" in *kernel.so*) kill -9 $$;; esac')
+    with pytest.raises(CompileError, match=r"was killed by signal 9 \(exit code -9\)"):
+        ClangCompiler(Toolchain.resolve(cc)).compile("int f(void) { return 1; }\n")
+
+
+def _leftovers(tmpdir) -> list[str]:
+    """What is in `tmpdir` but the user's folder, and the process folders in that."""
+    user = f"tgcore-{os.getuid()}"
+    found = [name for name in os.listdir(tmpdir) if name != user]
+    if (tmpdir / user).exists():
+        found += [f"{user}/{name}" for name in os.listdir(tmpdir / user) if name != "compile-errors"]
+    return found
+
+
+def _in_a_process(code: str, tmp_path, **env: str):
+    """Run `code` in a new Python process with its own temp dir and disk cache (so that it compiles)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "CACHEDB": str(tmp_path / "cache.db"), **env}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, start_new_session=True)
+
+
+def test_a_compile_killed_by_sigkill_leaves_nothing_a_later_run_does_not_remove(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    started = tmp_path / "started"
+    # a compiler that hangs on the kernel with a Variable named hang_here, once it has read it
+    cc = tmp_path / "cc"
+    cc.write_text(
+        f'#!/bin/sh\nsrc="$(cat)"\ncase "$src" in *var_hang_here*) touch "{started}"; sleep 120;; esac\n'
+        f'printf "%s" "$src" | exec "{Toolchain.resolve().cc}" "$@"\n'
+    )
+    cc.chmod(0o755)
+    code = """
+        from tgcore import Tensor, Variable
+        x = Tensor([1.0, 2.0, 3.0], device="CLANG").reshape(Variable("hang_here", 1, 5).bind(3))
+        (x * 2).sum().item()
+    """
+    child = _in_a_process(code, tmp_path, CC=str(cc))
+    try:
+        for _ in range(600):
+            if started.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), f"the compile never started (exit code {child.poll()})"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the Python process and the compiler under it
+        child.wait()
+    left = _leftovers(tmp_path / "tmp")
+    assert len(left) == 1 and left[0].startswith(f"tgcore-{os.getuid()}/proc-{child.pid}-"), left
+    assert os.listdir(tmp_path / "tmp" / left[0])  # the killed compile's folder, and its lock
+    # a new process that compiles, with the system's compiler: it removes the dead process's folder, then its own
+    later = _in_a_process(
+        "from tgcore import Tensor; assert (Tensor([1.0], device='CLANG') + 1).item() == 2.0", tmp_path
+    )
+    assert later.wait(timeout=120) == 0
+    assert _leftovers(tmp_path / "tmp") == []
+
+
+def test_a_sweep_removes_only_the_folders_of_processes_that_are_gone(tmp_path):
+    live, dead = tmp_path / "proc-1-live", tmp_path / "proc-2-dead"
+    for folder in (live, dead):
+        folder.mkdir()
+        (folder / "lock").write_text("")
+        (folder / "kernel.so").write_text("x")
+    holder = os.open(live / "lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # (another open file holds it: as another process would)
+    unfinished, young, other = tmp_path / ".new-abc", tmp_path / ".new-def", tmp_path / "not-ours"
+    for folder in (unfinished, young, other):
+        folder.mkdir()
+    os.utime(unfinished, (time.time() - 3600, time.time() - 3600))
+    try:
+        assert sorted(scratch.sweep(str(tmp_path))) == sorted([str(dead), str(unfinished)])
+    finally:
+        os.close(holder)
+    assert sorted(os.listdir(tmp_path)) == [".new-def", "not-ours", "proc-1-live"]
+    assert scratch.sweep(str(tmp_path)) == [str(live)]  # its process is gone now
+
+
+def test_a_run_that_ends_normally_leaves_nothing(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    code = """
+        import numpy as np
+        from tgcore import Tensor
+        a = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device="CLANG")
+        assert (a @ a.T).numpy().tolist() == (np.arange(12).reshape(3, 4) @ np.arange(12).reshape(3, 4).T).tolist()
+    """
+    assert _in_a_process(code, tmp_path).wait(timeout=120) == 0
+    assert _leftovers(tmp_path / "tmp") == []
+
+
+def test_the_users_folder_is_private_and_someone_elses_is_never_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = scratch.user_folder()
+    assert mine == str(tmp_path / f"tgcore-{os.getuid()}") and os.stat(mine).st_mode & 0o777 == 0o700
+    os.rmdir(mine)
+    os.symlink(tmp_path / "elsewhere", mine)  # a link planted where the folder goes: never followed
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setitem(scratch._state, "user", None)
+    other = scratch.user_folder()
+    assert other != mine and os.path.isdir(other) and not os.path.islink(other)
+    assert os.stat(other).st_mode & 0o777 == 0o700 and os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_an_os_error_any_plugins_compiler_lets_through_is_a_compile_error(tmp_path, monkeypatch):
+    from tgcore.device import Compiler
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    class Careless(Compiler):
+        def compile(self, src: str) -> bytes:
+            raise FileNotFoundError(2, "No such file or directory", "/opt/gone/bin/cc")
+
+    with pytest.raises(CompileError, match=r"Careless could not compile \(FileNotFoundError: .*/opt/gone/bin/cc") as e:
+        Careless().compile_cached("int f(void) { return 0; }\n")
+    assert e.value.src == "int f(void) { return 0; }\n" and isinstance(e.value.__cause__, FileNotFoundError)

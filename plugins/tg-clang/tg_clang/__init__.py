@@ -14,6 +14,7 @@ from tg_clang.runtime import ClangProgram
 from tg_clang.toolchain import MARCH_ENV, Toolchain, find_compiler
 from tgcore.device import CompileError, MallocAllocator
 from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.renderer.scratch import process_folder
 
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
 __version__ = "0.1.0"
@@ -55,7 +56,7 @@ def check_toolchain(toolchain: Toolchain) -> Optional[str]:
 def _call(name: str, lib: bytes) -> None:
     """Load shared object `lib` and call its kernel `name` with no buffers, through ctypes: cffi's first use parses C
     declarations (~30 ms), which a process that never runs a CLANG kernel should not pay for at discovery."""
-    fd, path = tempfile.mkstemp(prefix="tg_clang_probe_", suffix=".so")
+    fd, path = tempfile.mkstemp(prefix="probe-", suffix=".so", dir=process_folder())  # (see runtime.py)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(lib)

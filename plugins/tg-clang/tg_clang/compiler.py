@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from typing import Optional
 
 from tg_clang.toolchain import Toolchain, find_compiler
 from tgcore.device import CompileError, Compiler
+from tgcore.renderer.scratch import compile_folder
 
 __all__ = ["CFLAGS", "ClangCompiler", "find_compiler"]
 
@@ -40,17 +40,26 @@ class ClangCompiler(Compiler):
         self.cachekey = f"compile_clang_{_identifier(self.toolchain.name)}_{self.toolchain.identity}"
 
     def compile(self, src: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="tg_clang_") as tmp:
+        # the compiler reads the source from stdin; the shared object goes to a folder of this process's own, which a
+        # later process removes should this one be killed mid-compile (tgcore/renderer/scratch.py)
+        with compile_folder("clang-") as tmp:
             out = os.path.join(tmp, "kernel.so")
-            proc = subprocess.run(
-                [self.cc, *CFLAGS, *self.toolchain.flags, "-x", "c", "-", "-o", out, "-lm"],
-                input=src.encode(),
-                capture_output=True,
-                check=False,
-            )
-            if proc.returncode != 0:
+            try:
+                proc = subprocess.run(
+                    [self.cc, *CFLAGS, *self.toolchain.flags, "-x", "c", "-", "-o", out, "-lm"],
+                    input=src.encode(),
+                    capture_output=True,
+                    check=False,
+                )
+            except OSError as e:  # removed or made unrunnable since CLANG found it
                 raise CompileError(
-                    f"{self.toolchain.name} -march={self.toolchain.march} failed with exit code {proc.returncode}",
+                    f"the C compiler {self.cc} cannot be run ({type(e).__name__}: {e.strerror or e}): reinstall it, "
+                    "or set CC to a C compiler on PATH (gcc or clang) and start again"
+                ) from e
+            if proc.returncode != 0:
+                how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else "failed"
+                raise CompileError(
+                    f"{self.toolchain.name} -march={self.toolchain.march} {how} (exit code {proc.returncode})",
                     log=proc.stderr.decode(errors="replace"),
                     src=src,
                 )

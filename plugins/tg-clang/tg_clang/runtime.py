@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from cffi import FFI
 
+from tgcore.renderer.scratch import process_folder
+
 
 class ClangProgram:
     """One kernel of a shared object: `void name(void **bufs, const int *vals)`."""
@@ -19,7 +21,9 @@ class ClangProgram:
         self.ffi = FFI()
         # the buffers as integers: the same ABI as void**, and cheaper to build than void* cdata
         self.ffi.cdef(f"void {name}(uintptr_t *bufs, const int *vals);")
-        fd, path = tempfile.mkstemp(prefix="tg_clang_", suffix=".so")
+        # dlopen needs a file: it is written in this process's own folder (tgcore/renderer/scratch.py), which a later
+        # process removes should this one be killed before the unlink
+        fd, path = tempfile.mkstemp(prefix="kernel-", suffix=".so", dir=process_folder())
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(lib)

@@ -29,6 +29,7 @@ from tg_cuda.runtime import launch_dims
 
 from tgcore.device import CompileError, Compiler, MallocAllocator
 from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, plugin_module, plugins
+from tgcore.renderer.scratch import compile_folder, process_folder
 
 DEVICE = "CUDAEMU"
 _SHIM = r"""#include <math.h>
@@ -105,7 +106,7 @@ class HostCompiler(Compiler):
                 "CUDAEMU runs threads one after another: it cannot emulate a barrier", log="barrier", src=src
             )
         code = _SHIM + src + launcher(src)
-        with tempfile.TemporaryDirectory(prefix="tg_cudaemu_") as tmp:
+        with compile_folder("cudaemu-") as tmp:  # (removed afterwards; after a kill, by the next process)
             out = os.path.join(tmp, "kernel.so")
             proc = subprocess.run(
                 [self.cxx, *CXXFLAGS, "-x", "c++", "-", "-o", out],
@@ -124,7 +125,7 @@ class HostProgram:
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         self.name, self.flat = name, lib.startswith(b"flat\n")
-        fd, path = tempfile.mkstemp(prefix="tg_cudaemu_", suffix=".so")
+        fd, path = tempfile.mkstemp(prefix="cudaemu-", suffix=".so", dir=process_folder())
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(lib[5:])

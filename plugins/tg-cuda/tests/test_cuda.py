@@ -571,3 +571,105 @@ def test_two_reduces_that_stage_one_input_name_their_shared_arrays_apart(compile
     shared = [line.split()[2].split("[")[0] for line in src.splitlines() if "__shared__" in line]
     assert len(shared) >= 2 and len(shared) == len(set(shared)), shared
     compiler.compile(src)
+
+
+# ***** names from outside (a model file's dimension names) in generated source *****
+
+
+def hostile_names(marker: str) -> list[str]:
+    """Variable names that would break out of an identifier (some run `touch marker` if pasted into the source),
+    keywords, and names the renderer, CUDA or the core use themselves."""
+    shell = f'system("touch {marker}")'
+    return [
+        f"N\n#define N ({shell}, 4)\n",
+        f"n; {shell}; int m",
+        f"n */ {shell}; /* x",
+        f'n // x\n"{shell}" %d \\',
+        "two words",
+        "naïve 名前",
+        "int",
+        "return",
+        "threadIdx",
+        "blockIdx",
+        "gidx0",
+        "acc0",
+        "data0",
+        "loop0",
+        "half",
+    ]
+
+
+def _hostile_kernels(name: str, device: str = "PYTHON") -> tuple[list[Any], list[np.ndarray]]:
+    """Two tensor programs on `device` over a Variable named `name` (the first with a second, plain Variable), and
+    numpy's answers."""
+    from tgcore import Tensor, Variable
+
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    a = Tensor(x[:4, :5].copy(), device=device).reshape(Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5))
+    b = Tensor(x[:, :5].copy(), device=device).reshape(6, Variable(name, 1, 7).bind(5))
+    return [(a * 2 + 1).sum(), (b * 3 - 1).sum(1)], [(x[:4, :5] * 2 + 1).sum(), (x[:, :5] * 3 - 1).sum(1)]
+
+
+@pytest.mark.parametrize("index", range(len(hostile_names(""))))
+def test_a_hostile_variable_name_renders_and_compiles_to_ptx(
+    index: int, compiler: CUDACompiler, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tgcore.codegen.kernel import Kernel
+
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "pwned"
+    name = hostile_names(str(marker))[index]
+    for out in _hostile_kernels(name)[0]:
+        program = Kernel(out.schedule()[-1].ast, CUDARenderer()).to_program()
+        assert name not in program.src or name.isidentifier()  # (a plain word may be part of others: int, acc0)
+        assert f".entry {program.name}(" in compiler.compile(program.src).decode()
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("index", [0, 2, 6, 8])
+def test_a_hostile_variable_name_computes_numpys_result_on_emulated_cuda(
+    index: int, emulated: Target, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "pwned"
+    outs, wants = _hostile_kernels(hostile_names(str(marker))[index], emulated.name)
+    for out, want in zip(outs, wants):
+        np.testing.assert_array_equal(out.numpy(), want)
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_compile_error_shows_the_line_the_log_points_at_and_reports_the_rest(
+    compiler: CUDACompiler, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "".join(f"// padding line {i} {'.' * 100}\n" for i in range(150))
+    src += 'extern "C" __global__ void f(int* a) {\n  a[0] = nope;\n}\n'
+    with pytest.raises(CompileError) as info:
+        compiler.compile(src)
+    text = str(info.value)
+    assert len(text) < 2000 and ">  152 |   a[0] = nope;" in text and '   151 | extern "C"' in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()
+
+
+def test_a_ptxas_removed_mid_run_is_a_compile_error_that_names_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = "{}.{}".format(*load_nvrtc().version)
+    ptxas = tmp_path / "ptxas-that-goes"
+    ptxas.write_text(f'#!/bin/sh\necho "Cuda compilation tools, release {release}, V{release}.0"\n')
+    ptxas.chmod(0o755)
+    monkeypatch.setenv("TG_CUDA_PTXAS", str(ptxas))
+    compiler = CUDACompiler(90)
+    assert compiler.ptxas is not None and compiler.ptxas.path == str(ptxas)
+    os.unlink(ptxas)
+    with pytest.raises(CompileError, match="ptxas-that-goes cannot be run .*No such file.*TG_CUDA_PTXAS=0"):
+        compiler.compile(_render_elementwise())
+
+
+def _render_elementwise() -> str:
+    return CUDARenderer().render("E_100", elementwise(BinaryOps.ADD, dtypes.float32))

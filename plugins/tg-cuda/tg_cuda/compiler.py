@@ -17,12 +17,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 from tg_cuda.nvrtc import NVRTC, load_nvrtc, nvidia_dirs
 from tgcore.device import CompileError, Compiler
+from tgcore.renderer.scratch import compile_folder
 
 ARCH_ENV = "TG_CUDA_ARCH"
 PTXAS_ENV = "TG_CUDA_PTXAS"
@@ -147,16 +147,27 @@ class CUDACompiler(Compiler):
         """SASS (a cubin) for sm_XX from `ptx`, by ptxas; CompileError with ptxas's messages when it fails."""
         if self.ptxas is None:
             raise CompileError(f"cannot assemble PTX: {self.ptxas_note}")
-        with tempfile.TemporaryDirectory(prefix="tg_cuda_") as tmp:
+        # ptxas reads and writes files: in a folder of this process's own, which a later process removes should this
+        # one be killed mid-compile (tgcore/renderer/scratch.py)
+        with compile_folder("ptxas-") as tmp:
             ptx_path, cubin_path = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
             with open(ptx_path, "wb") as f:
                 f.write(ptx)
-            proc = subprocess.run(
-                [self.ptxas.path, f"-arch=sm_{self.arch}", "-o", cubin_path, ptx_path],
-                capture_output=True,
-                timeout=300,
-                check=False,
-            )
+            try:
+                proc = subprocess.run(
+                    [self.ptxas.path, f"-arch=sm_{self.arch}", "-o", cubin_path, ptx_path],
+                    capture_output=True,
+                    timeout=300,
+                    check=False,
+                )
+            except OSError as e:  # removed or made unrunnable since it was found
+                raise CompileError(
+                    f"ptxas {self.ptxas.path} cannot be run ({type(e).__name__}: {e.strerror or e}): reinstall it "
+                    f"(pip install nvidia-cuda-nvcc), point {PTXAS_ENV} at another, or set {PTXAS_ENV}=0 to skip "
+                    "the check"
+                ) from e
+            except subprocess.TimeoutExpired as e:
+                raise CompileError(f"ptxas {self.ptxas.path} did not finish within {e.timeout:g} s", src=src) from e
             if proc.returncode != 0:
                 log = (proc.stderr or proc.stdout).decode(errors="replace").strip()
                 raise CompileError(

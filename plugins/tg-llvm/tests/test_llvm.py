@@ -424,3 +424,62 @@ def test_one_loop_of_whole_vectors_gets_the_short_pipeline_and_the_same_results(
     assert not _whole_vectors(src(m @ m))
     assert not _whole_vectors(src((t < 0.5).where(t, 2.0)))  # compares and wheres go lane by lane
     np.testing.assert_allclose((m @ m).numpy(), x.reshape(64, 64) @ x.reshape(64, 64), rtol=1e-4, atol=1e-4)
+
+
+# ***** names from outside (a model file's dimension names) in generated source *****
+
+
+def hostile_names(marker: str) -> list[str]:
+    """Variable names that would break out of an identifier (some run `touch marker` if pasted into C-like source),
+    keywords, and names the renderer or the core use themselves."""
+    shell = f'system("touch {marker}")'
+    return [
+        f"N\n#define N ({shell}, 4)\n",
+        f"n; {shell}; int m",
+        f"n */ {shell}; /* x",
+        f'n // x\n"{shell}" %d \\',
+        "@n %0 !dbg",
+        "two words",
+        "naïve 名前",
+        "int",
+        "return",
+        "bufs",
+        "vals",
+        "gidx0",
+        "acc0",
+        "data0",
+        "entry",
+        "core_start",
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(hostile_names(""))))
+def test_a_hostile_variable_name_compiles_runs_and_runs_nothing_else(index, tmp_path, monkeypatch):
+    from tgcore import Variable
+
+    monkeypatch.chdir(tmp_path)  # where a relative `touch` would land, too
+    marker = tmp_path / "pwned"
+    name = hostile_names(str(marker))[index]
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    # two Variables in one kernel: the hostile one and a plain one, bound to other values
+    a = Tensor(x[:4, :5].copy(), device="LLVM").reshape(Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5))
+    np.testing.assert_array_equal((a * 2 + 1).sum().numpy(), (x[:4, :5] * 2 + 1).sum())
+    b = Tensor(x[:, :5].copy(), device="LLVM").reshape(6, Variable(name, 1, 7).bind(5))
+    np.testing.assert_array_equal((b * 3 - 1).sum(1).numpy(), (x[:, :5] * 3 - 1).sum(1))
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+def test_a_compile_error_shows_the_line_the_log_points_at_and_reports_the_rest(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "".join(f"; padding line {i} {'.' * 100}\n" for i in range(150))
+    src += "define void @f() {\nentry:\n  %a = add i32 %nope, 1\n  ret void\n}\n"
+    with pytest.raises(CompileError) as info:
+        LLVMCompiler().compile(src)
+    text = str(info.value)
+    assert len(text) < 2000 and ">  153 |   %a = add i32 %nope, 1" in text and "   151 | define void @f() {" in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()

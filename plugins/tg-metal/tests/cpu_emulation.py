@@ -10,15 +10,17 @@ its exp2, whether it flushes float32 subnormals, ...): only a Mac can.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from tg_metal.syntax import CXX_FLAGS
+
+from tgcore.renderer.scratch import compile_folder
 
 # the syntax check's flags, plus code generation with UBSan (whose default checks leave IEEE float division by zero
 # alone) and no fused multiply-add
@@ -88,16 +90,19 @@ class EmulatedLibrary:
     def __init__(self, cxx: str, kernels: Sequence[EmulatedKernel], workdir: Optional[str] = None) -> None:
         self.kernels = {k.name: k for k in kernels}
         source = "".join(k.src + k.driver() for k in kernels)
-        workdir = workdir or tempfile.mkdtemp(prefix="tg_metal_emulation_")
-        path = os.path.join(workdir, "kernels.so")
-        proc = subprocess.run(
-            [cxx, *BUILD_FLAGS, *_sanitizer_runtime(cxx), "-x", "c++", "-", "-o", path, "-lm"],
-            input=source.encode(),
-            capture_output=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cxx} could not build the emulated kernels:\n{proc.stderr.decode(errors='replace')}")
-        self.lib = ctypes.CDLL(path)
+        # built in a folder of this process's own (removed once loaded; after a kill, by the next process)
+        with contextlib.ExitStack() as stack:
+            folder = workdir or stack.enter_context(compile_folder("metal-emulation-"))
+            path = os.path.join(folder, "kernels.so")
+            proc = subprocess.run(
+                [cxx, *BUILD_FLAGS, *_sanitizer_runtime(cxx), "-x", "c++", "-", "-o", path, "-lm"],
+                input=source.encode(),
+                capture_output=True,
+            )
+            if proc.returncode != 0:
+                log = proc.stderr.decode(errors="replace")
+                raise RuntimeError(f"{cxx} could not build the emulated kernels:\n{log}")
+            self.lib = ctypes.CDLL(path)
 
     def run(
         self,

@@ -651,3 +651,95 @@ def test_real_metal_runs_tensor_programs() -> None:
     with pytest.raises(CompileError) as info:
         dev.compiler.compile(src + "\n}}} not a kernel {{{\n")
     assert info.value.log.strip()
+
+
+# ***** names from outside (a model file's dimension names) in generated source *****
+
+
+def hostile_names(marker: str) -> list[str]:
+    """Variable names that would break out of an identifier (some run `touch marker` if pasted into the source),
+    keywords, and names the renderer, Metal or the core use themselves."""
+    shell = f'system("touch {marker}")'
+    return [
+        f"N\n#define N ({shell}, 4)\n",
+        f"n; {shell}; int m",
+        f"n */ {shell}; /* x",
+        f'n // x\n"{shell}" %d \\',
+        "n [[buffer(7)]]",
+        "two words",
+        "naïve 名前",
+        "int",
+        "kernel",
+        "device",
+        "gid",
+        "lid",
+        "gidx0",
+        "acc0",
+        "data0",
+    ]
+
+
+def _hostile_kernels(name: str, device: str) -> tuple[list[Any], list[np.ndarray]]:
+    """Two tensor programs on `device` over a Variable named `name` (the first with a second, plain Variable), and
+    numpy's answers."""
+    from tgcore import Variable
+
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    a = Tensor(x[:4, :5].copy(), device=device).reshape(Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5))
+    b = Tensor(x[:, :5].copy(), device=device).reshape(6, Variable(name, 1, 7).bind(5))
+    return [(a * 2 + 1).sum(), (b * 3 - 1).sum(1)], [(x[:4, :5] * 2 + 1).sum(), (x[:, :5] * 3 - 1).sum(1)]
+
+
+@needs_cxx
+@pytest.mark.parametrize("index", range(len(hostile_names(""))))
+def test_a_hostile_variable_name_renders_and_parses(index: int, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV_CHECK, "1")
+    marker = tmp_path / "pwned"
+    name = hostile_names(str(marker))[index]
+    for out in _hostile_kernels(name, "PYTHON")[0]:
+        program = Kernel(out.schedule()[-1].ast, MetalRenderer()).to_program()  # MetalSyntaxError if it does not parse
+        assert name not in program.src or name.isidentifier()  # (a plain word may be part of others: int, acc0)
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("index", [0, 4, 10])
+def test_a_hostile_variable_name_computes_numpys_result_on_a_fake_mac(
+    index: int, fake_mac: SimpleNamespace, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "pwned"
+    outs, wants = _hostile_kernels(hostile_names(str(marker))[index], DEV)
+    for out, want in zip(outs, wants):
+        np.testing.assert_array_equal(out.numpy(), want)
+    assert not marker.exists() and not os.listdir(tmp_path)
+
+
+@needs_cxx
+def test_a_syntax_error_shows_the_line_the_log_points_at_and_reports_the_rest(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the user's temp folder, and so the report, go here
+    src = "#include <metal_stdlib>\n" + "".join(f"// padding line {i} {'.' * 100}\n" for i in range(150))
+    src += "kernel void f(device int* a) {\n  a[0] = nope;\n}\n"
+    with pytest.raises(MetalSyntaxError) as info:
+        check_syntax("k", src)
+    text = str(info.value)
+    assert len(text) < 2000 and ">  153 |   a[0] = nope;" in text and "   152 | kernel void f" in text
+    report = text.rsplit("--- the whole log and source: ", 1)[1].split(" ---")[0]
+    assert report.startswith(str(tmp_path))
+    with open(report) as f:
+        assert src in f.read()
+
+
+def test_a_front_end_removed_mid_run_is_a_syntax_error_that_names_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tg_metal import syntax
+
+    gone = str(tmp_path / "cxx-that-goes")
+    monkeypatch.setattr(syntax, "find_cxx", lambda: gone)  # found, then removed before it runs
+    with pytest.raises(MetalSyntaxError, match="cxx-that-goes cannot be run .*No such file.*TG_METAL_SYNTAX_CHECK=0"):
+        check_syntax("k", "kernel void f() {}\n")

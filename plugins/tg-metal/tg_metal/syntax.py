@@ -85,6 +85,11 @@ def _parse(cxx: str, src: str) -> Optional[str]:
         )
     except subprocess.TimeoutExpired:
         return f"{cxx} did not finish parsing within {_TIMEOUT_S} s"
+    except OSError as e:  # removed or made unrunnable since it was found (raised, not cached: it may come back)
+        raise MetalSyntaxError(
+            f"the C++ front end {cxx} cannot be run ({type(e).__name__}: {e.strerror or e}): reinstall it, set "
+            f"{ENV_CXX} to another (clang++ or g++), or set {ENV_CHECK}=0 to render without the check"
+        ) from e
     if proc.returncode == 0:
         return None
     return proc.stderr.decode(errors="replace").strip() or f"{cxx} exited with code {proc.returncode} and no message"
