@@ -2,6 +2,8 @@
 replay and symbolic shapes where tgcore has them."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,27 @@ def test_symbolic_shapes(executing: Target) -> None:
                         f"{type(e).__name__}: {e}")
         assert_array(f"jitted (a * 2 + 1).sum(1) with a of shape (3, i={n})", executing.name, step(a).numpy(),
                      (x * 2 + 1).sum(1))
+
+
+# names of symbolic sizes come from outside (a model file's dimension names): they must reach no device's source as
+# written. Several would run `touch <marker>` if pasted into C; the others are keywords and names renderers use
+HOSTILE_NAMES = [
+    'N\n#define N (system("touch {marker}"), 4)\n', 'n; system("touch {marker}"); int m',
+    'n */ system("touch {marker}"); /* x', 'n // x\nsystem("touch {marker}");', '"system(\\"touch {marker}\\")"',
+    "it's", "back\\slash", "%d %n", "two words", "naïve", "int", "return", "bufs", "vals", "gidx0", "acc0", "main",
+]
+
+
+@pytest.mark.tg_op("hostile Variable names")
+@pytest.mark.parametrize("index", range(len(HOSTILE_NAMES)))
+def test_hostile_variable_names(executing: Target, index: int, tmp_path: Any, monkeypatch: Any) -> None:
+    """A kernel over a size named by a hostile string compiles, gives numpy's result, and runs nothing else."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "pwned"
+    name = HOSTILE_NAMES[index].format(marker=marker)
+    x = np.arange(6 * 7, dtype=np.float32).reshape(6, 7)
+    rows, cols = Variable(name, 1, 6).bind(4), Variable("n", 1, 7).bind(5)
+    a = Tensor(x[:4, :5].copy(), device=executing.name).reshape(rows, cols)
+    assert_array(f"(a * 2 + 1).sum() with a size named {name!r}", executing.name, (a * 2 + 1).sum().numpy(),
+                 np.float32((x[:4, :5] * 2 + 1).sum()))
+    assert not marker.exists(), f"a Variable named {name!r} ran a command: {marker} was created"
