@@ -8,6 +8,7 @@ the load took and how much its peak memory grew.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -437,6 +438,9 @@ def _plain_data(protocol: int) -> Any:
         (1, "key"): "a tuple key",
         7: "an int key",
     }
+    state_dict = collections.OrderedDict([("w", 1), ("b", 2)])
+    state_dict._metadata = collections.OrderedDict([("", {"version": 1})])  # type: ignore[attr-defined]
+    obj["state_dict"] = state_dict  # as torch pickles a module's state dict: REDUCE, SETITEMS, then BUILD
     if protocol >= 3:
         obj["bytes"] = [b"", b"\x00\xff", bytes(300)]
     if protocol >= 4:
@@ -451,6 +455,8 @@ def test_torch_load_reads_plain_data_of_every_pickle_protocol(tmp_path: Path, pr
     got = torch_load(_zip_of(tmp_path / "plain.pt", pickle.dumps(obj, protocol)))
     assert got == obj
     assert got["shared"][0] is got["shared"][1]  # a memoized object stays one object
+    assert type(got["state_dict"]) is collections.OrderedDict and list(got["state_dict"]) == ["w", "b"]
+    assert got["state_dict"]._metadata == {"": {"version": 1}}
 
 
 def test_torch_load_keeps_cycles(tmp_path: Path) -> None:
@@ -498,6 +504,13 @@ def test_torch_load_refuses_a_truncated_pickle(tmp_path: Path) -> None:
         _zip_checkpoint(path, whole[:cut], {})
         with pytest.raises(ValueError, match=problem):
             torch_load(path)
+
+
+def test_torch_load_names_a_storage_without_data(tmp_path: Path) -> None:
+    path = tmp_path / "nodata.pt"
+    _legacy_checkpoint(path, _pickle(_tensor(2, 0, (2,), (1,))), {})  # the list of storages with data is empty
+    with pytest.raises(ValueError, match=rf"torch_load: {re.escape(repr(str(path)))}: .*no data for storage '0'"):
+        torch_load(path)
 
 
 def test_torch_load_refuses_compression_it_does_not_read(tmp_path: Path) -> None:

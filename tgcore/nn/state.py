@@ -610,7 +610,7 @@ class _Storage:
             root, offset = self.view_of
             return root.elements()[offset : offset + self.numel]
         if self.array is None:
-            raise ValueError(f"torch_load: the checkpoint has no data for storage {self.key!r}")
+            raise KeyError(self.key)  # (the loader says which file)
         return self.array
 
 
@@ -723,7 +723,9 @@ class _TorchLoader:
         if key not in self.storages:
             # read whole, later: refused here, before anything is read, when it claims more than the file may build
             nbytes = numel * storage_type.dtype.itemsize
-            self.budget.charge(_OBJECT_BYTES + nbytes, f"storage {key!r} of {numel} {storage_type.dtype.short_name} elements")
+            self.budget.charge(
+                _OBJECT_BYTES + nbytes, f"storage {key!r} of {numel} {storage_type.dtype.short_name} elements"
+            )
             self.storages[key] = _Storage(key, storage_type.dtype, numel)
         st = self.storages[key]
         if st.dtype != storage_type.dtype or st.numel != numel:
@@ -830,7 +832,10 @@ class _TorchLoader:
         def final(x: Any) -> Any:
             if isinstance(x, _PendingTensor):
                 if id(x) not in built:
-                    built[id(x)] = (x, x.build())
+                    try:
+                        built[id(x)] = (x, x.build())
+                    except KeyError as e:
+                        raise self.error(f"the checkpoint has no data for storage {e.args[0]!r}") from None
                 return built[id(x)][1]
             return built[id(x)][1] if id(x) in built else x
 
