@@ -215,10 +215,11 @@ def _safetensors_header(data: Tensor, what: str, caller: str) -> tuple[int, dict
         )
     budget = _LoadBudget(caller, what, size)
     raw = _read(data, 8, 8 + json_len)
-    # bounded before parsing: each JSON value but the first opens a container or follows a comma
-    values = raw.count(b",") + raw.count(b"{") + raw.count(b"[") + 1
+    # bounded before parsing: each JSON value or key but the first opens a container or follows a comma or colon;
+    # the text is held twice (bytes, str) and its strings' characters take up to as much again
+    values = raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[") + 1
     budget.charge(
-        2 * json_len + values * _JSON_VALUE_BYTES,
+        4 * json_len + values * _JSON_VALUE_BYTES,
         f"parsing its header ({json_len:,} bytes, up to {values:,} JSON values)",
     )
 
@@ -913,6 +914,8 @@ def _short_repr(x: Any) -> str:
     return _SHORT_REPR.repr(x)
 
 
+_U1, _U2, _I4, _U4, _U8, _F8 = (struct.Struct(f) for f in ("<B", "<H", "<i", "<I", "<Q", ">d"))
+_OPS_PER_CHARGE = 1024
 _OPCODE_NAMES = {v[0]: k for k, v in vars(pickle).items() if k.isupper() and isinstance(v, bytes) and len(v) == 1}
 _TRUNCATED = "the pickle ends inside an opcode (the file is truncated or corrupt)"
 
@@ -936,17 +939,19 @@ class _PickleMachine:
 
     def load(self) -> tuple[Any, int]:
         """The pickle's object, and the position after its STOP opcode."""
-        data, end = self.data, len(self.data)
-        start = self.pos
+        data, end, ops, start = self.data, len(self.data), 0, self.pos
         try:
             while True:
                 start = self.pos
                 if start >= end:
                     raise self.loader.error("the pickle ends before its STOP opcode (the file is truncated)")
                 self.pos += 1
-                op = _OPS.get(data[start])
+                op = _OP_TABLE[data[start]]
                 if op is None:
                     raise self.unsupported(data[start])
+                ops += 1
+                if not ops % _OPS_PER_CHARGE:  # each opcode adds at most a slot to the stack or an item to a list
+                    self.charge(_OPS_PER_CHARGE * _REFERENCE_BYTES, "the pickle's stack and the items of its lists")
                 if op(self):
                     return self.stack.pop(), self.pos
         except (IndexError, KeyError, TypeError, struct.error, UnicodeDecodeError, OverflowError) as e:
@@ -970,8 +975,12 @@ class _PickleMachine:
         self.pos = start + n
         return self.data[start : start + n]
 
-    def unpack(self, fmt: str) -> Any:
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+    def unpack(self, fmt: struct.Struct) -> Any:
+        if self.pos + fmt.size > len(self.data):
+            raise self.loader.error(_TRUNCATED)
+        value = fmt.unpack_from(self.data, self.pos)[0]
+        self.pos += fmt.size
+        return value
 
     def line(self) -> bytes:
         nl = self.data.find(b"\n", self.pos)
@@ -998,8 +1007,7 @@ class _PickleMachine:
     # the stack
 
     def push(self, x: Any) -> None:
-        self.charge(_REFERENCE_BYTES, "the pickle's stack")
-        self.stack.append(x)
+        self.stack.append(x)  # (charged by the opcode count, in load)
 
     def pop_mark(self) -> list[Any]:
         mark = self.marks.pop()
@@ -1108,7 +1116,6 @@ def _op_appends(m: _PickleMachine) -> None:
 
 def _op_append(m: _PickleMachine) -> None:
     item = m.stack.pop()
-    m.charge(_REFERENCE_BYTES, "a list item")
     m.target(list).append(item)
 
 
@@ -1188,11 +1195,11 @@ def _op_const(value: Any) -> Callable[[_PickleMachine], None]:
     return lambda m: m.push(value)
 
 
-def _op_unpacked(fmt: str) -> Callable[[_PickleMachine], None]:
+def _op_unpacked(fmt: struct.Struct) -> Callable[[_PickleMachine], None]:
     return lambda m: m.push(m.unpack(fmt))
 
 
-def _op_counted(length: str, decode: Optional[Callable[[Any], Any]]) -> Callable[[_PickleMachine], None]:
+def _op_counted(length: struct.Struct, decode: Optional[Callable[[Any], Any]]) -> Callable[[_PickleMachine], None]:
     def op(m: _PickleMachine) -> None:
         raw = m.counted(m.unpack(length))
         m.push(decode(raw) if decode is not None else bytes(raw))
@@ -1204,7 +1211,7 @@ def _utf8(raw: Any) -> str:
     return bytes(raw).decode("utf-8", "surrogatepass")
 
 
-def _op_long_counted(length: str) -> Callable[[_PickleMachine], None]:
+def _op_long_counted(length: struct.Struct) -> Callable[[_PickleMachine], None]:
     return lambda m: _op_long(m, m.unpack(length))
 
 
@@ -1220,25 +1227,25 @@ _OPS: dict[int, Callable[[_PickleMachine], Optional[bool]]] = {
     pickle.NEWTRUE[0]: _op_const(True),
     pickle.NEWFALSE[0]: _op_const(False),
     pickle.INT[0]: _op_int,
-    pickle.BININT[0]: _op_unpacked("<i"),
-    pickle.BININT1[0]: _op_unpacked("<B"),
-    pickle.BININT2[0]: _op_unpacked("<H"),
+    pickle.BININT[0]: _op_unpacked(_I4),
+    pickle.BININT1[0]: _op_unpacked(_U1),
+    pickle.BININT2[0]: _op_unpacked(_U2),
     pickle.LONG[0]: lambda m: m.push(m.text_number(int)),
-    pickle.LONG1[0]: _op_long_counted("<B"),
-    pickle.LONG4[0]: _op_long_counted("<i"),
+    pickle.LONG1[0]: _op_long_counted(_U1),
+    pickle.LONG4[0]: _op_long_counted(_I4),
     pickle.FLOAT[0]: lambda m: m.push(m.text_number(float)),
-    pickle.BINFLOAT[0]: _op_unpacked(">d"),
+    pickle.BINFLOAT[0]: _op_unpacked(_F8),
     pickle.STRING[0]: _op_string,
-    pickle.BINSTRING[0]: _op_counted("<i", _utf8),
-    pickle.SHORT_BINSTRING[0]: _op_counted("<B", _utf8),
-    pickle.BINBYTES[0]: _op_counted("<I", None),
-    pickle.SHORT_BINBYTES[0]: _op_counted("<B", None),
-    pickle.BINBYTES8[0]: _op_counted("<Q", None),
-    pickle.BYTEARRAY8[0]: _op_counted("<Q", bytearray),
+    pickle.BINSTRING[0]: _op_counted(_I4, _utf8),
+    pickle.SHORT_BINSTRING[0]: _op_counted(_U1, _utf8),
+    pickle.BINBYTES[0]: _op_counted(_U4, None),
+    pickle.SHORT_BINBYTES[0]: _op_counted(_U1, None),
+    pickle.BINBYTES8[0]: _op_counted(_U8, None),
+    pickle.BYTEARRAY8[0]: _op_counted(_U8, bytearray),
     pickle.UNICODE[0]: _op_unicode,
-    pickle.BINUNICODE[0]: _op_counted("<I", _utf8),
-    pickle.SHORT_BINUNICODE[0]: _op_counted("<B", _utf8),
-    pickle.BINUNICODE8[0]: _op_counted("<Q", _utf8),
+    pickle.BINUNICODE[0]: _op_counted(_U4, _utf8),
+    pickle.SHORT_BINUNICODE[0]: _op_counted(_U1, _utf8),
+    pickle.BINUNICODE8[0]: _op_counted(_U8, _utf8),
     pickle.EMPTY_LIST[0]: _op_empty(list),
     pickle.APPEND[0]: _op_append,
     pickle.APPENDS[0]: _op_appends,
@@ -1262,13 +1269,15 @@ _OPS: dict[int, Callable[[_PickleMachine], Optional[bool]]] = {
     pickle.BINPERSID[0]: _op_binpersid,
     pickle.PERSID[0]: _op_persid,
     pickle.PUT[0]: lambda m: m.memoize(m.text_number(int)),
-    pickle.BINPUT[0]: lambda m: m.memoize(m.unpack("<B")),
-    pickle.LONG_BINPUT[0]: lambda m: m.memoize(m.unpack("<I")),
+    pickle.BINPUT[0]: lambda m: m.memoize(m.unpack(_U1)),
+    pickle.LONG_BINPUT[0]: lambda m: m.memoize(m.unpack(_U4)),
     pickle.MEMOIZE[0]: lambda m: m.memoize(len(m.memo)),
     pickle.GET[0]: lambda m: m.recall(m.text_number(int)),
-    pickle.BINGET[0]: lambda m: m.recall(m.unpack("<B")),
-    pickle.LONG_BINGET[0]: lambda m: m.recall(m.unpack("<I")),
+    pickle.BINGET[0]: lambda m: m.recall(m.unpack(_U1)),
+    pickle.LONG_BINGET[0]: lambda m: m.recall(m.unpack(_U4)),
 }
+
+_OP_TABLE: list[Optional[Callable[[_PickleMachine], Optional[bool]]]] = [_OPS.get(code) for code in range(256)]
 
 
 def _zip_member(loader: _TorchLoader, zf: zipfile.ZipFile, name: str, nbytes: Optional[int] = None) -> bytes:
