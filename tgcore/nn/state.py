@@ -25,11 +25,11 @@ import os
 import pickle
 import re
 import reprlib
+import secrets
 import socket
 import stat
 import struct
 import tarfile
-import tempfile
 import types
 import zipfile
 import zlib
@@ -341,16 +341,9 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     return ret
 
 
-def _new_file_mode() -> int:
-    """The permissions open() gives a new file: 0o666 less the process's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 # ***** temporary files of safe_save, and the ones killed writers leave *****
 
-# after the prefix ".<target's name>.": <machine tag>-<pid>.<mkstemp's random part>.tmp
+# after the prefix ".<target's name>.": <machine tag>-<pid>.<random part>.tmp
 _TEMP_NAME = re.compile(r"([0-9a-f]{8})-([0-9]{1,10})\.[A-Za-z0-9_]+\.tmp")
 
 
@@ -359,8 +352,21 @@ def _machine_tag() -> str:
     return f"{zlib.crc32(socket.gethostname().encode()):08x}"
 
 
-def _temp_prefix(path: str) -> str:
-    return f".{os.path.basename(path)}.{_machine_tag()}-{os.getpid()}."
+def _create_temp(path: str) -> tuple[int, str]:
+    """(an open descriptor, the path) of a new, empty temporary file beside `path`, named for this writer.
+
+    Created with mode 0o666 so that the umask gives it the permissions open() would give the file (mkstemp makes it
+    private, and reading the umask means setting it, which races with other threads)."""
+    folder = os.path.dirname(path) or "."
+    prefix = f".{os.path.basename(path)}.{_machine_tag()}-{os.getpid()}."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"safe_save: no free temporary file name beside {path!r} after 100 tries")
 
 
 def _process_alive(pid: int) -> bool:
@@ -449,11 +455,10 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
     encoded = text.encode("utf-8")
     path = os.fspath(fn)
     _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=os.path.dirname(path) or ".")
+    fd, tmp = _create_temp(path)
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place: a cleaner sees a live writer
-        os.chmod(tmp, _new_file_mode())  # mkstemp makes the file private; give it the mode open() would
         with os.fdopen(fd, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
             f.write(encoded)
