@@ -67,9 +67,17 @@ def _get(i: int) -> bytes:
 
 def _tensor(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, ...], key: str = "0") -> bytes:
     """A float32 tensor of storage `key` (numel elements), as torch writes it: _rebuild_tensor_v2 of a persistent id."""
+    return _REBUILD + _tensor_args(numel, offset, size, stride, key) + pickle.REDUCE
+
+
+_REBUILD = _global("torch._utils", "_rebuild_tensor_v2")
+
+
+def _tensor_args(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, ...], key: str = "0") -> bytes:
+    """The arguments of _rebuild_tensor_v2: (storage, offset, size, stride, requires_grad, hooks)."""
     pid = _tuple(_str("storage"), _global("torch", "FloatStorage"), _str(key), _str("cpu"), _int(numel))
     hooks = _global("collections", "OrderedDict") + pickle.EMPTY_TUPLE + pickle.REDUCE
-    args = _tuple(
+    return _tuple(
         pid + pickle.BINPERSID,
         _int(offset),
         _tuple(*map(_int, size)),
@@ -77,7 +85,6 @@ def _tensor(numel: int, offset: int, size: tuple[int, ...], stride: tuple[int, .
         pickle.NEWFALSE,
         hooks,
     )
-    return _global("torch._utils", "_rebuild_tensor_v2") + args + pickle.REDUCE
 
 
 def _pickle(body: bytes, name: str = "x") -> bytes:
@@ -187,6 +194,13 @@ def copies_of_a_dict(path: Path, entries: int = 2000, copies: int = 2000) -> Non
     _zip_checkpoint(path, _pickle(body), {})
 
 
+def tensors_of_one_call(path: Path, copies: int = 1_000_000) -> None:
+    """One tensor's function and arguments, memoized, then called `copies` times (7 bytes each), deflated."""
+    body = pickle.EMPTY_LIST + _REBUILD + _put(0) + pickle.POP + _tensor_args(1, 0, (1,), (1,)) + _put(1) + pickle.POP
+    body += (_get(0) + _get(1) + pickle.REDUCE + pickle.APPEND) * copies
+    _zip_checkpoint(path, _pickle(body), {"0": bytes(4)}, zipfile.ZIP_DEFLATED)
+
+
 def many_entries(path: Path, entries: int = 1_750_000) -> None:
     """A safetensors file of `entries` empty tensors: a header of about 93 MB, under the format's 100 MB."""
     names = (np.base_repr(i, 36) for i in range(entries))
@@ -203,6 +217,7 @@ HOSTILE = {
     "zip_bomb": zip_bomb,
     "pickle_bomb": pickle_bomb,
     "copies_of_a_dict": copies_of_a_dict,
+    "tensors_of_one_call": tensors_of_one_call,
     "many_entries": many_entries,
 }
 
@@ -263,6 +278,7 @@ REFUSED = [
     ("zip_bomb", "torch_load", "storage '0' of 67108864 float32 elements"),
     ("pickle_bomb", "torch_load", "the archive's entry 'ckpt/data.pkl' of 268435400 bytes"),
     ("copies_of_a_dict", "torch_load", "an OrderedDict of 2000 entries"),
+    ("tensors_of_one_call", "torch_load", "a tensor of size (1,), stride (1,) of storage '0'"),
     ("many_entries", "safe_load", "parsing its header (96,"),
 ]
 

@@ -115,6 +115,7 @@ SAFETENSORS_MAX_HEADER = 100_000_000  # bytes of a safetensors header, as the fo
 _OBJECT_BYTES = 96  # one object: a number, a string (and its characters), a container, a storage, a tensor
 _REFERENCE_BYTES = 16  # one item of a list, tuple or set, or one slot of the pickle's stack
 _ENTRY_BYTES = 64  # one key and value of a dict or of the pickle's memo
+_TENSOR_BYTES = 2048  # one tensor of a checkpoint, apart from its data: its Tensor, LazyBuffer, ShapeTracker, views
 _JSON_VALUE_BYTES = 64  # one value of a safetensors header
 _SAFETENSORS_ENTRY_BYTES = 4096  # one tensor of a safetensors header: its JSON object and its DISK view
 
@@ -799,7 +800,7 @@ class _TorchLoader:
         # (strides smaller than the sizes they step over) copy more than their storage holds
         nbytes = prod(_compact_size(size, stride)) * storage.dtype.itemsize if numel else 0
         self.budget.charge(
-            _OBJECT_BYTES + nbytes,
+            _TENSOR_BYTES + nbytes,
             f"a tensor of size {size}, stride {stride} of storage {storage.key!r} ({storage.numel} elements; a copy of "
             f"it takes {nbytes} bytes)",
         )
