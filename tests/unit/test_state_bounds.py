@@ -536,6 +536,17 @@ def test_torch_load_refuses_compression_it_does_not_read(tmp_path: Path) -> None
         torch_load(path)
 
 
+def test_torch_load_refuses_an_encrypted_entry(tmp_path: Path) -> None:
+    path = tmp_path / "locked.pt"
+    _zip_checkpoint(path, _pickle(_int(1)), {})
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"PK\x01\x02")  # the directory's entry of ckpt/data.pkl; its flags are at byte 8
+    raw[at + 8] |= 0x1
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match="entry 'ckpt/data.pkl' is encrypted"):
+        torch_load(path)
+
+
 def test_a_deflated_checkpoint_loads(tmp_path: Path) -> None:
     path = tmp_path / "deflated.pt"
     values = np.linspace(-1, 1, 1000, dtype=np.float32)

@@ -417,13 +417,25 @@ def _remove_if_unlocked(path: str) -> None:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             return  # a live writer holds it
+        except OSError:
+            pass  # a file system without locks: the writer could not lock it either, and its pid is gone
         now = os.stat(path, follow_symlinks=False)
         if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):  # still the file that was locked
             os.unlink(path)
     finally:
         os.close(fd)
+
+
+def _lock(fd: int) -> None:
+    """Lock a temporary file while it is written, so that a cleaner in another pid namespace sees a live writer."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place (the descriptor is closed after the rename)
+    except OSError:
+        pass  # a file system without locks (some network ones): the pid in the name still tells live writers
 
 
 def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[str, Any]] = None) -> None:
@@ -458,8 +470,7 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
     _remove_stale_temps(path)
     fd, tmp = _create_temp(path)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place: a cleaner sees a live writer
+        _lock(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
             f.write(encoded)
@@ -1289,6 +1300,8 @@ _OP_TABLE: list[Optional[Callable[[_PickleMachine], Optional[bool]]]] = [_OPS.ge
 def _zip_member(loader: _TorchLoader, zf: zipfile.ZipFile, name: str, nbytes: Optional[int] = None) -> bytes:
     """The first nbytes of an archive entry (all of it for None: refused when its size is over the budget)."""
     info = zf.getinfo(name)
+    if info.flag_bits & 0x1:
+        raise loader.error(f"the archive's entry {name!r} is encrypted; torch writes no encrypted entries")
     if info.compress_type not in _ZIP_METHODS:
         raise loader.error(
             f"the archive's entry {name!r} uses zip compression method {info.compress_type}; torch writes entries "
