@@ -1,24 +1,40 @@
 """Model state: state dicts, safetensors files and PyTorch checkpoints.
 
-Loading never runs code from a file: safetensors headers are parsed as JSON with every offset checked, and
-PyTorch checkpoints are unpickled through an allow-list that can only rebuild tensors and containers.
+Loading never runs code from a file: safetensors headers are parsed as JSON with every field checked, and
+PyTorch checkpoints are unpickled by a small machine of our own that can only rebuild tensors and containers.
 safe_load gives DISK tensors (views of the memory-mapped file, read when used); torch_load reads the checkpoint into
 tensors on the default device. load_state_dict copies each tensor to the device of the model's tensor.
 bfloat16 data loads as float32 where the default device has no bfloat16.
+
+A file cannot make a load take much more memory than the file's own size: what a load builds is charged, as it is
+built, to a budget of TGCORE_LOAD_LIMIT (default 8) times the file's size, at least 64 MiB, and a file that asks for
+more is refused with a ValueError that names the file, what needed the memory and the limit (TGCORE_LOAD_LIMIT=0
+lifts it, for files one trusts). Fixed caps, which no file needs to pass: containers nest at most MAX_NESTING levels,
+a tensor has at most MAX_DIMS dimensions, a safetensors header has at most 100 MB (as the format says).
+safe_save writes a temporary file named after its target, this machine and its process, and renames it into place; a
+later safe_save or safe_load of the same target removes the ones that killed writers left.
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import json
+import mmap
 import os
 import pickle
+import re
+import reprlib
+import secrets
+import socket
+import stat
+import struct
 import tarfile
-import tempfile
 import types
 import zipfile
+import zlib
 from dataclasses import dataclass
-from typing import IO, Any, Optional, Union, cast
+from typing import Any, Callable, Optional, Union, cast
 
 import numpy as np
 from tqdm import tqdm
@@ -28,6 +44,11 @@ from tgcore.dtype import DType, dtypes
 from tgcore.helpers import CI, DEBUG, GlobalCounters, Timing, all_int, prod
 from tgcore.multi import MultiLazyBuffer
 from tgcore.tensor import Tensor
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no advisory locks, so no writer can be told dead; temporary files are left alone)
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "safe_load",
@@ -81,6 +102,64 @@ def _tensor_to_file_bytes(t: Tensor) -> bytes:
     return np.ascontiguousarray(arr, dtype=_file_np_dtype(t.dtype)).tobytes()
 
 
+# ***** what a file may make a load build *****
+
+LOAD_LIMIT_VAR = "TGCORE_LOAD_LIMIT"
+DEFAULT_LOAD_LIMIT = 8  # times the file's size: a checkpoint needs about its own size (its data, then the tensors')
+LOAD_LIMIT_FLOOR = 64 << 20  # bytes any file may build, however small, for the objects around its data
+MAX_NESTING = 100  # levels of containers in a checkpoint's objects (state dicts nest a few)
+MAX_DIMS = 64  # dimensions of one tensor
+SAFETENSORS_MAX_HEADER = 100_000_000  # bytes of a safetensors header, as the format caps it
+
+# the memory of what a load builds, estimated (CPython, 64-bit, rounded up), in bytes
+_OBJECT_BYTES = 96  # one object: a number, a string (and its characters), a container, a storage, a tensor
+_REFERENCE_BYTES = 16  # one item of a list, tuple or set, or one slot of the pickle's stack
+_ENTRY_BYTES = 64  # one key and value of a dict or of the pickle's memo
+_TENSOR_BYTES = 2048  # one tensor of a checkpoint, apart from its data: its Tensor, LazyBuffer, ShapeTracker, views
+_JSON_VALUE_BYTES = 64  # one value of a safetensors header
+_SAFETENSORS_ENTRY_BYTES = 4096  # one tensor of a safetensors header: its JSON object and its DISK view
+
+
+class LoadLimitError(ValueError):
+    """A file refused because loading it would build more than TGCORE_LOAD_LIMIT times its size."""
+
+
+def _load_limit_factor() -> int:
+    """TGCORE_LOAD_LIMIT: the multiple of a file's size that loading it may build (0: no limit)."""
+    text = os.environ.get(LOAD_LIMIT_VAR, "").strip()
+    if not text:
+        return DEFAULT_LOAD_LIMIT
+    if not text.isdigit():
+        raise ValueError(
+            f"{LOAD_LIMIT_VAR}={text!r} is not a limit: expected a whole number >= 0, the multiple of a file's size "
+            f"that loading it may take in memory (default {DEFAULT_LOAD_LIMIT}; 0 for no limit)"
+        )
+    return int(text)
+
+
+class _LoadBudget:
+    """The memory one load may build from a file: TGCORE_LOAD_LIMIT times its size, at least LOAD_LIMIT_FLOOR."""
+
+    def __init__(self, caller: str, what: str, file_size: int) -> None:
+        self.caller, self.what, self.file_size = caller, what, file_size
+        self.factor = _load_limit_factor()
+        self.limit: Optional[int] = max(self.factor * file_size, LOAD_LIMIT_FLOOR) if self.factor else None
+        self.used = 0
+
+    def charge(self, nbytes: int, what: str) -> None:
+        """Count nbytes more, which `what` needs; refuse the file once the total passes the limit."""
+        self.used += nbytes
+        if self.limit is not None and self.used > self.limit:
+            raise LoadLimitError(
+                f"{self.caller}: {self.what}: {what} would take the memory built from this file to {self.used:,} "
+                f"bytes, past its limit of {self.limit:,} ({LOAD_LIMIT_VAR}={self.factor} times the file's "
+                f"{self.file_size:,} bytes, at least {LOAD_LIMIT_FLOOR:,}). A checkpoint needs about its own size; "
+                "one that asks for far more is corrupt or crafted to exhaust memory (a zip bomb, a huge view of a "
+                f"small storage, a pickle of many copies), so it is refused. If you trust the file, set "
+                f"{LOAD_LIMIT_VAR} to a larger multiple (0 for no limit)"
+            )
+
+
 # ***** safetensors *****
 
 safe_dtypes: dict[str, DType] = {
@@ -118,21 +197,47 @@ def _read(data: Tensor, begin: int, end: int) -> bytes:
     return data[begin:end].numpy().tobytes() if end > begin else b""
 
 
-def _safetensors_header(data: Tensor, what: str) -> tuple[int, dict[str, Any]]:
-    """(header length, header) of safetensors bytes, checking the length and that the header is a JSON object."""
+def _safetensors_header(data: Tensor, what: str, caller: str) -> tuple[int, dict[str, Any]]:
+    """(header length, header) of safetensors bytes, checking the length, that the header is a JSON object, and that
+    parsing it builds no more than the file's budget allows."""
     size = data.nbytes()
     if size < 8:
         raise ValueError(f"{what} is not a safetensors file: {size} bytes, fewer than the 8-byte header length")
     json_len = int.from_bytes(_read(data, 0, 8), "little")
+    if json_len > SAFETENSORS_MAX_HEADER:
+        raise ValueError(
+            f"{what} is not a valid safetensors file: its header claims {json_len:,} bytes, more than the "
+            f"{SAFETENSORS_MAX_HEADER:,} that the safetensors format allows (a corrupt or crafted file)"
+        )
     if json_len > size - 8:
         raise ValueError(
             f"{what} is not a valid safetensors file: its header claims {json_len} bytes but the file has only "
             f"{size - 8} after the length field (truncated or not a safetensors file)"
         )
+    budget = _LoadBudget(caller, what, size)
+    raw = _read(data, 8, 8 + json_len)
+    # bounded before parsing: each JSON value or key but the first opens a container or follows a comma or colon;
+    # the text is held twice (bytes, str) and its strings' characters take up to as much again
+    values = raw.count(b",") + raw.count(b":") + raw.count(b"{") + raw.count(b"[") + 1
+    budget.charge(
+        4 * json_len + values * _JSON_VALUE_BYTES,
+        f"parsing its header ({json_len:,} bytes, up to {values:,} JSON values)",
+    )
+
+    def counted_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # every object of a valid header is a tensor but the header itself and its __metadata__
+        budget.charge(_SAFETENSORS_ENTRY_BYTES, "its header's tensors (about 4 KiB each, parsed and viewed on DISK)")
+        return dict(pairs)
+
     try:
-        header = json.loads(_read(data, 8, 8 + json_len).decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=counted_object)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{what} is not a valid safetensors file: its header is not UTF-8 JSON ({e})") from e
+    except RecursionError as e:
+        raise ValueError(
+            f"{what} is not a valid safetensors file: its header nests JSON deeper than Python can parse; a header "
+            "is one object of tensor entries"
+        ) from e
     if not isinstance(header, dict):
         raise ValueError(
             f"{what} is not a valid safetensors file: its header is a {type(header).__name__}, not an object"
@@ -140,32 +245,53 @@ def _safetensors_header(data: Tensor, what: str) -> tuple[int, dict[str, Any]]:
     return json_len, header
 
 
+def _check_metadata(metadata: Any, what: str) -> None:
+    """Refuse a __metadata__ that is not a dict of str to str (null stands for none), as safetensors defines it."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(
+            f"{what}: __metadata__ must be an object of strings to strings, as the safetensors format defines it; "
+            f"got {_short_repr(metadata)}"
+        )
+
+
+def _entry_problem(info: Any, data_len: int) -> Optional[str]:
+    """What is wrong with one tensor's header entry, or None: every field's type, and its offsets in the data."""
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        return "expected an object with dtype, shape and data_offsets"
+    dtype_name, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype_name, str) or dtype_name not in safe_dtypes:
+        return f"unknown dtype, expected a string, one of {sorted(safe_dtypes)}"
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        return "the shape must be a list of non-negative integers"
+    if len(shape) > MAX_DIMS:
+        return f"the shape has {len(shape)} dimensions, more than the {MAX_DIMS} a tensor may have"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets):
+        return "data_offsets must be [begin, end], two integers"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_len:
+        return f"data_offsets must satisfy 0 <= begin <= end <= {data_len} (the data size)"
+    need = prod(shape) * safe_dtypes[dtype_name].itemsize
+    if end - begin != need:
+        return f"it spans {end - begin} bytes but {dtype_name} of shape {shape} needs {need}"
+    return None
+
+
 def _safetensors_entries(header: dict[str, Any], data_len: int, what: str) -> list[tuple[str, DType, tuple, int, int]]:
-    """(name, dtype, shape, begin, end) of each tensor in a header, with offsets checked against the data section."""
+    """(name, dtype, shape, begin, end) of each tensor in a header, with every field's type checked and the offsets
+    checked against the data section."""
     entries = []
     for name, info in header.items():
         if name == "__metadata__":
+            _check_metadata(info, what)
             continue
-        bad = f"{what}: tensor {name!r} has a bad header entry {info!r}"
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-            raise ValueError(f"{bad}: expected an object with dtype, shape and data_offsets")
-        if info["dtype"] not in safe_dtypes:
-            raise ValueError(f"{bad}: unknown dtype, expected one of {sorted(safe_dtypes)}")
-        shape, offsets = info["shape"], info["data_offsets"]
-        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
-            raise ValueError(f"{bad}: the shape must be a list of non-negative integers")
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets):
-            raise ValueError(f"{bad}: data_offsets must be [begin, end]")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_len:
-            raise ValueError(f"{bad}: data_offsets must satisfy 0 <= begin <= end <= {data_len} (the data size)")
-        dt = safe_dtypes[info["dtype"]]
-        if end - begin != prod(shape) * dt.itemsize:
-            raise ValueError(
-                f"{bad}: it spans {end - begin} bytes but {info['dtype']} of shape {shape} needs "
-                f"{prod(shape) * dt.itemsize}"
-            )
-        entries.append((name, dt, tuple(shape), begin, end))
+        if (problem := _entry_problem(info, data_len)) is not None:
+            raise ValueError(f"{what}: tensor {name!r} has a bad header entry {_short_repr(info)}: {problem}")
+        begin, end = info["data_offsets"]
+        entries.append((name, safe_dtypes[info["dtype"]], tuple(info["shape"]), begin, end))
     by_start = sorted((e for e in entries if e[4] > e[3]), key=lambda e: e[3])
     for prev, cur in zip(by_start, by_start[1:]):
         if cur[3] < prev[4]:
@@ -177,7 +303,7 @@ def safe_load_metadata(fn: Union[Tensor, PathLike]) -> tuple[Tensor, int, Any]:
     """(the file's bytes as a uint8 tensor, the header length, the parsed JSON header) of a .safetensors file; for a
     path the tensor is on DISK, and only the header has been read."""
     data, what = _file_tensor(fn)
-    json_len, header = _safetensors_header(data, what)
+    json_len, header = _safetensors_header(data, what, "safe_load_metadata")
     return data, json_len, header
 
 
@@ -197,10 +323,13 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     From a path (or a DISK tensor) each tensor is a DISK view of its bytes in one mapping of the file: nothing but the
     header is read until a tensor is used, so a file larger than memory can be opened and parts of it copied to a
     device (`safe_load(path)[name].to(device)` reads just that tensor). bool bytes are taken as stored, as in
-    safetensors. From the bytes on another device the file is read once and each tensor copied.
+    safetensors. From the bytes on another device the file is read once and each tensor copied. A header that would
+    build more than the file's budget (TGCORE_LOAD_LIMIT) is refused; see the module's docstring.
     """
+    if not isinstance(fn, Tensor):
+        _remove_stale_temps(os.fspath(fn))
     data, what = _file_tensor(fn)
-    json_len, header = _safetensors_header(data, what)
+    json_len, header = _safetensors_header(data, what, "safe_load")
     start = 8 + json_len
     entries = _safetensors_entries(header, data.nbytes() - start, what)
     if isinstance(data.device, str) and Device.storage_only(data.device):
@@ -213,16 +342,107 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     return ret
 
 
-def _new_file_mode() -> int:
-    """The permissions open() gives a new file: 0o666 less the process's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+# ***** temporary files of safe_save, and the ones killed writers leave *****
+
+# after the prefix ".<target's name>.": <machine tag>-<pid>.<random part>.tmp
+_TEMP_NAME = re.compile(r"([0-9a-f]{8})-([0-9]{1,10})\.[A-Za-z0-9_]+\.tmp")
+
+
+def _machine_tag() -> str:
+    """A short tag of this machine: a writer's process id is only looked up on the machine that wrote it."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _create_temp(path: str) -> tuple[int, str]:
+    """(an open descriptor, the path) of a new, empty temporary file beside `path`, named for this writer.
+
+    Created with mode 0o666 so that the umask gives it the permissions open() would give the file (mkstemp makes it
+    private, and reading the umask means setting it, which races with other threads)."""
+    folder = os.path.dirname(path) or "."
+    prefix = f".{os.path.basename(path)}.{_machine_tag()}-{os.getpid()}."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"safe_save: no free temporary file name beside {path!r} after 100 tries")
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (in this process's view of it); True when unsure."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists (POSIX; never called without fcntl)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process, or no pid this system can have: left alone
+    return True
+
+
+def _remove_stale_temps(path: str) -> None:
+    """Remove the temporary files of safe_save to `path` that writers on this machine left when they were killed:
+    those of a process that no longer exists and whose lock no process holds. Never one of a live writer."""
+    if fcntl is None:
+        return
+    folder, lead, tag = os.path.dirname(path) or ".", f".{os.path.basename(path)}.", _machine_tag()
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return  # (no folder, or one we cannot list: nothing of ours to clean)
+    with entries:
+        for entry in entries:
+            if not entry.name.startswith(lead):
+                continue
+            m = _TEMP_NAME.fullmatch(entry.name[len(lead) :])
+            if m is None or m[1] != tag or _process_alive(int(m[2])):
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    _remove_if_unlocked(entry.path)
+            except OSError:
+                continue  # (removed by another cleaner meanwhile, or a read-only folder: left as it is)
+
+
+def _remove_if_unlocked(path: str) -> None:
+    """Remove a temporary file unless a writer holds its lock (a writer in another pid namespace of this machine)."""
+    assert fcntl is not None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live writer holds it
+        except OSError:
+            pass  # a file system without locks: the writer could not lock it either, and its pid is gone
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):  # still the file that was locked
+            os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int) -> None:
+    """Lock a temporary file while it is written, so that a cleaner in another pid namespace sees a live writer."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place (the descriptor is closed after the rename)
+    except OSError:
+        pass  # a file system without locks (some network ones): the pid in the name still tells live writers
 
 
 def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[str, Any]] = None) -> None:
     """Write tensors to a .safetensors file; written beside `fn` and renamed into place, so a failure leaves no
-    half-written file."""
+    half-written file, and a writer killed meanwhile leaves a temporary file that the next safe_save (or safe_load)
+    of `fn` removes. metadata is a dict of str to str, as the format defines it."""
+    _check_metadata(metadata, "safe_save")
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name, t in tensors.items():
@@ -247,9 +467,10 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
     text += " " * ((8 - len(text.encode("utf-8")) % 8) % 8)  # the data section starts 8-byte aligned
     encoded = text.encode("utf-8")
     path = os.fspath(fn)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    _remove_stale_temps(path)
+    fd, tmp = _create_temp(path)
     try:
-        os.chmod(tmp, _new_file_mode())  # mkstemp makes the file private; give it the mode open() would
+        _lock(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
             f.write(encoded)
@@ -257,9 +478,13 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
                 f.write(_tensor_to_file_bytes(t))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            if fcntl is not None:  # renamed while locked (POSIX renames open files; Windows cannot)
+                os.replace(tmp, path)
+        if fcntl is None:
+            os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         raise
 
 
@@ -378,6 +603,8 @@ _TORCH_STORAGE_DTYPES: dict[str, DType] = {
 }
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}  # what torch and zip tools write
+_ZIP_ENTRY_BYTES = 512  # the memory of one entry of a zip archive's directory, as zipfile holds it
 
 
 @dataclass(frozen=True)
@@ -401,7 +628,7 @@ class _Storage:
             root, offset = self.view_of
             return root.elements()[offset : offset + self.numel]
         if self.array is None:
-            raise ValueError(f"torch_load: the checkpoint has no data for storage {self.key!r}")
+            raise KeyError(self.key)  # (the loader says which file)
         return self.array
 
 
@@ -415,13 +642,22 @@ class _PendingTensor:
     stride: tuple[int, ...]
 
     def build(self) -> Tensor:
+        """The tensor: its elements copied from the storage, except along broadcast axes (stride 0), which are read
+        once and expanded, so that they take no memory, as in torch."""
         elements = self.storage.elements()
         if prod(self.size) == 0:
             return _tensor_from_file_array(np.zeros(self.size, dtype=elements.dtype), self.storage.dtype)
+        compact = _compact_size(self.size, self.stride)
         view = np.lib.stride_tricks.as_strided(
-            elements[self.offset :], shape=self.size, strides=[s * elements.itemsize for s in self.stride]
+            elements[self.offset :], shape=compact, strides=[s * elements.itemsize for s in self.stride]
         )
-        return _tensor_from_file_array(view, self.storage.dtype)
+        t = _tensor_from_file_array(view, self.storage.dtype)
+        return t if compact == self.size else t.expand(self.size)
+
+
+def _compact_size(size: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The size of a tensor's own elements: its broadcast axes (stride 0) read once."""
+    return tuple(1 if st == 0 else n for n, st in zip(size, stride))
 
 
 def _is_int(x: Any) -> bool:
@@ -429,47 +665,85 @@ def _is_int(x: Any) -> bool:
 
 
 class _TorchLoader:
-    """The state of one torch_load: the allow-listed globals, the storages seen, and the unpickler."""
+    """The state of one torch_load: the allow-listed globals, the storages seen, and the memory budget."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, what: str, budget: _LoadBudget) -> None:
+        self.what, self.budget = what, budget
         self.storages: dict[str, _Storage] = {}
+        # bound once, so that REDUCE can tell them by identity
+        self.rebuilders = (self._rebuild_tensor, self._rebuild_parameter)
         self.allowed: dict[tuple[str, str], Any] = {
             ("collections", "OrderedDict"): collections.OrderedDict,
-            ("torch._utils", "_rebuild_tensor"): self._rebuild_tensor,
-            ("torch._utils", "_rebuild_tensor_v2"): self._rebuild_tensor,
-            ("torch._utils", "_rebuild_parameter"): self._rebuild_parameter,
-            ("torch._utils", "_rebuild_parameter_with_state"): self._rebuild_parameter,
+            ("torch._utils", "_rebuild_tensor"): self.rebuilders[0],
+            ("torch._utils", "_rebuild_tensor_v2"): self.rebuilders[0],
+            ("torch._utils", "_rebuild_parameter"): self.rebuilders[1],
+            ("torch._utils", "_rebuild_parameter_with_state"): self.rebuilders[1],
         }
         for name, dt in _TORCH_STORAGE_DTYPES.items():
             self.allowed[("torch", name)] = _StorageType(name, dt)
 
-    def unpickler(self, f: IO[bytes]) -> pickle.Unpickler:
-        loader = self
-
-        class RestrictedUnpickler(pickle.Unpickler):
-            def find_class(self, module: str, name: str) -> Any:
-                if (module, name) not in loader.allowed:
-                    raise pickle.UnpicklingError(
-                        f"torch_load: {loader.what} refers to the global '{module}.{name}', which is not on the "
-                        "allow-list of names that rebuild tensors and containers; loading it could run code from the "
-                        "file, so it is refused. Save a plain state dict (torch.save(model.state_dict(), ...)) or "
-                        "convert the checkpoint to safetensors."
-                    )
-                return loader.allowed[(module, name)]
-
-            def persistent_load(self, pid: Any) -> Any:
-                return loader.persistent_load(pid)
-
-        return RestrictedUnpickler(f, encoding="utf-8")
-
     def error(self, msg: str) -> ValueError:
         return ValueError(f"torch_load: {self.what}: {msg}")
 
+    def find_global(self, module: str, name: str) -> Any:
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(
+                f"torch_load: {self.what} refers to the global '{module}.{name}', which is not on the "
+                "allow-list of names that rebuild tensors and containers; loading it could run code from the "
+                "file, so it is refused. Save a plain state dict (torch.save(model.state_dict(), ...)) or "
+                "convert the checkpoint to safetensors."
+            )
+        return self.allowed[(module, name)]
+
+    def call(self, func: Any, args: Any) -> Any:
+        """What REDUCE makes of func(*args): an OrderedDict or a tensor; any other call is refused."""
+        if not isinstance(args, tuple):
+            raise self.error(f"a call's arguments are a {type(args).__name__}, not a tuple")
+        if func is collections.OrderedDict:
+            return self._ordered_dict(args)
+        if any(func is f for f in self.rebuilders):
+            return func(*args)
+        raise self.error(
+            f"the pickle calls {_short_repr(func)}, which builds no tensor or container; a checkpoint calls only "
+            "OrderedDict and torch's tensor rebuilders"
+        )
+
+    def _ordered_dict(self, args: tuple) -> collections.OrderedDict:
+        if not args:
+            self.budget.charge(_OBJECT_BYTES, "an OrderedDict")
+            return collections.OrderedDict()
+        items = args[0]
+        if len(args) > 1 or not isinstance(items, (list, tuple, dict)):
+            raise self.error(f"OrderedDict is called with {_short_repr(args)}; expected () or (a list of pairs,)")
+        # a dict made from another copies it: charged for every entry, since one list may be copied many times
+        self.budget.charge(_OBJECT_BYTES + len(items) * _ENTRY_BYTES, f"an OrderedDict of {len(items)} entries")
+        if isinstance(items, dict):
+            return collections.OrderedDict(items)
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in items):
+            raise self.error(f"OrderedDict is called with {_short_repr(items)}; expected a list of (key, value) pairs")
+        return collections.OrderedDict((p[0], p[1]) for p in items)
+
+    def set_state(self, obj: Any, state: Any) -> None:
+        """BUILD: only the attributes of an OrderedDict (the _metadata of a state dict) can be set."""
+        if type(obj) is not collections.OrderedDict or not isinstance(state, dict):
+            raise self.error(
+                f"the pickle sets the state of a {type(obj).__name__} to a {type(state).__name__}; only attributes of "
+                "an OrderedDict (a state dict's _metadata) can be set"
+            )
+        if not all(isinstance(k, str) for k in state):
+            raise self.error(f"the attribute names of an OrderedDict must be strings, got {_short_repr(list(state))}")
+        self.budget.charge(len(state) * _ENTRY_BYTES, f"{len(state)} attributes of an OrderedDict")
+        obj.__dict__.update(state)
+
     def storage(self, storage_type: Any, key: Any, numel: Any) -> _Storage:
         if not isinstance(storage_type, _StorageType) or not isinstance(key, str) or not _is_int(numel) or numel < 0:
-            raise self.error(f"bad storage reference ({storage_type!r}, {key!r}, {numel!r})")
+            raise self.error(f"bad storage reference {_short_repr((storage_type, key, numel))}")
         if key not in self.storages:
+            # read whole, later: refused here, before anything is read, when it claims more than the file may build
+            nbytes = numel * storage_type.dtype.itemsize
+            self.budget.charge(
+                _OBJECT_BYTES + nbytes, f"storage {key!r} of {numel} {storage_type.dtype.short_name} elements"
+            )
             self.storages[key] = _Storage(key, storage_type.dtype, numel)
         st = self.storages[key]
         if st.dtype != storage_type.dtype or st.numel != numel:
@@ -480,7 +754,9 @@ class _TorchLoader:
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
-            raise self.error(f"unknown persistent id {pid!r}; expected ('storage', type, key, location, numel)")
+            raise self.error(
+                f"unknown persistent id {_short_repr(pid)}; expected ('storage', type, key, location, numel)"
+            )
         st = self.storage(pid[1], pid[2], pid[4])
         if len(pid) == 6 and pid[5] is not None:  # legacy format: a view into the root storage, in elements
             view = pid[5]
@@ -491,11 +767,13 @@ class _TorchLoader:
                 and _is_int(view[1])
                 and _is_int(view[2])
                 and 0 <= view[1]
+                and 0 <= view[2]
                 and view[1] + view[2] <= st.numel
             ):
-                raise self.error(f"bad storage view {view!r} of storage {st.key!r} ({st.numel} elements)")
+                raise self.error(f"bad storage view {_short_repr(view)} of storage {st.key!r} ({st.numel} elements)")
             key = f"{view[0]}@view"
             if key not in self.storages:
+                self.budget.charge(_OBJECT_BYTES, f"storage view {key!r}")
                 self.storages[key] = _Storage(view[0], st.dtype, view[2])
                 self.storages[key].view_of = (st, view[1])
             return self.storages[key]
@@ -511,16 +789,32 @@ class _TorchLoader:
             and len(size) == len(stride)
             and all(_is_int(s) for s in size + stride)
         ):
-            raise self.error(f"bad tensor layout: offset {offset!r}, size {size!r}, stride {stride!r}")
+            raise self.error(
+                f"bad tensor layout: offset {_short_repr(offset)}, size {_short_repr(size)}, "
+                f"stride {_short_repr(stride)}"
+            )
         if offset < 0 or any(s < 0 for s in size + stride):
             raise self.error(f"negative tensor layout: offset {offset}, size {size}, stride {stride}")
-        if prod(size) > 0:
+        if len(size) > MAX_DIMS:
+            raise self.error(f"a tensor has {len(size)} dimensions, more than the {MAX_DIMS} a tensor may have")
+        numel = prod(size)
+        if numel >= 1 << 63:
+            raise self.error(f"a tensor of size {size} has {numel} elements, more than an int64 can count")
+        if numel > 0:
             last = offset + sum((n - 1) * s for n, s in zip(size, stride))
             if last >= storage.numel:
                 raise self.error(
                     f"a tensor of size {size}, stride {stride} at offset {offset} reads element {last} of "
                     f"storage {storage.key!r}, which has {storage.numel}"
                 )
+        # the tensor gets a copy of its elements (a broadcast axis, of stride 0, is read once): views that overlap
+        # (strides smaller than the sizes they step over) copy more than their storage holds
+        nbytes = prod(_compact_size(size, stride)) * storage.dtype.itemsize if numel else 0
+        self.budget.charge(
+            _TENSOR_BYTES + nbytes,
+            f"a tensor of size {size}, stride {stride} of storage {storage.key!r} ({storage.numel} elements; a copy of "
+            f"it takes {nbytes} bytes)",
+        )
         return _PendingTensor(storage, offset, size, stride)
 
     def _rebuild_parameter(self, data: Any, *_: Any) -> Any:
@@ -528,107 +822,581 @@ class _TorchLoader:
             raise self.error(f"a Parameter is built from {type(data).__name__}, not a tensor")
         return data
 
-    def read_storage(self, key: str, raw: bytes, big_endian: bool = False) -> None:
+    def read_storage(self, key: str, raw: Any, offset: int = 0, big_endian: bool = False) -> None:
+        """Storage `key`'s elements: its numel items of raw (bytes or a mapping of the file) from byte `offset`."""
         st = self.storages[key]
         nbytes = st.numel * st.dtype.itemsize
-        if len(raw) < nbytes:
+        if len(raw) - offset < nbytes:
             raise self.error(
-                f"storage {key!r} has {len(raw)} bytes, but {st.numel} elements of {st.dtype} need {nbytes}"
+                f"storage {key!r} has {len(raw) - offset} bytes, but {st.numel} elements of {st.dtype} need {nbytes}"
             )
         dt = _file_np_dtype(st.dtype)
-        st.array = np.frombuffer(raw, dtype=dt.newbyteorder(">") if big_endian else dt, count=st.numel)
+        dt = dt.newbyteorder(">") if big_endian else dt
+        st.array = np.frombuffer(raw, dtype=dt, count=st.numel, offset=offset)
 
-    def resolve(self, obj: Any, seen: Optional[set[int]] = None) -> Any:
-        """obj with every pending tensor built, in place for lists and dicts."""
-        seen = set() if seen is None else seen
-        if isinstance(obj, _PendingTensor):
-            return obj.build()
-        if id(obj) in seen:
-            return obj
-        if isinstance(obj, dict):
-            seen.add(id(obj))
-            for k, v in obj.items():
-                obj[k] = self.resolve(v, seen)
-        elif isinstance(obj, list):
-            seen.add(id(obj))
-            for i, v in enumerate(obj):
-                obj[i] = self.resolve(v, seen)
-        elif isinstance(obj, tuple):
-            return tuple(self.resolve(v, seen) for v in obj)
+    def load_pickle(self, data: Any, pos: int = 0) -> tuple[Any, int]:
+        """The object of the pickle at byte `pos` of data, and the position after it."""
+        return _PickleMachine(self, data, pos).load()
+
+    def resolve(self, obj: Any) -> Any:
+        """obj with every pending tensor built: lists and dicts changed in place, tuples and sets rebuilt where they
+        hold a tensor. Iterative, and each object is visited once, so that an object the pickle refers to many times
+        (memoized) stays one object; refuses nesting deeper than MAX_NESTING."""
+        built: dict[int, tuple[Any, Any]] = {}  # id -> (object, what replaces it); keeps the object alive
+        height: dict[int, int] = {}  # id -> levels of containers from here down, once done
+        on_path: set[int] = set()
+        reached_on_path: set[int] = set()  # objects reached again while being visited (a cycle)
+
+        def final(x: Any) -> Any:
+            if isinstance(x, _PendingTensor):
+                if id(x) not in built:
+                    try:
+                        built[id(x)] = (x, x.build())
+                    except KeyError as e:
+                        raise self.error(f"the checkpoint has no data for storage {e.args[0]!r}") from None
+                return built[id(x)][1]
+            return built[id(x)][1] if id(x) in built else x
+
+        work: list[tuple[Any, bool]] = [(obj, False)]
+        while work:
+            o, children_done = work.pop()
+            oid = id(o)
+            kids = _children(o)
+            if kids is None:
+                continue
+            if not children_done:
+                if oid in height:
+                    continue
+                if oid in on_path:
+                    reached_on_path.add(oid)
+                    continue
+                on_path.add(oid)
+                work.append((o, True))
+                work.extend((k, False) for k in kids if isinstance(k, _CONTAINERS))
+                continue
+            on_path.discard(oid)
+            levels = 1 + max((height.get(id(k), 0) for k in kids), default=0)
+            if levels > MAX_NESTING:
+                raise self.error(
+                    f"its objects nest containers more than {MAX_NESTING} levels deep; a checkpoint nests a few "
+                    "(a deeper one is corrupt or crafted to exhaust the stack of whatever walks it)"
+                )
+            height[oid] = levels
+            if isinstance(o, (dict, list)):
+                items = list(o.items()) if isinstance(o, dict) else list(enumerate(o))
+                for k, v in items:
+                    new = final(v)
+                    if new is not v:
+                        o[k] = new
+                if isinstance(o, dict) and any(final(k) is not k for k in o):
+                    raise self.error("a tensor is used as a dict key; a checkpoint's keys are names and numbers")
+            elif isinstance(o, set):
+                new_items = [final(k) for k in o]
+                if any(n is not k for n, k in zip(new_items, o)):
+                    o.clear()
+                    o.update(new_items)
+            else:  # tuple, frozenset: rebuilt if an item changes
+                new_items = [final(k) for k in o]
+                if any(n is not k for n, k in zip(new_items, o)):
+                    if oid in reached_on_path:
+                        raise self.error(
+                            "a tuple that holds tensors contains itself (through a list or dict); such a cycle "
+                            "cannot be rebuilt"
+                        )
+                    built[oid] = (o, type(o)(new_items))
+        return final(obj)
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _children(o: Any) -> Optional[list[Any]]:
+    """The objects a container holds (for an OrderedDict, also its attributes), or None for what is no container."""
+    if isinstance(o, dict):
+        kids = [*o.keys(), *o.values()]
+        if type(o) is collections.OrderedDict and vars(o):
+            kids.append(vars(o))
+        return kids
+    if isinstance(o, (list, tuple, set, frozenset)):
+        return list(o)
+    return None
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 60, 60
+
+
+def _short_repr(x: Any) -> str:
+    """repr(x) cut short (a few levels and items): safe for objects a file built, however deep or large."""
+    return _SHORT_REPR.repr(x)
+
+
+_U1, _U2, _I4, _U4, _U8, _F8 = (struct.Struct(f) for f in ("<B", "<H", "<i", "<I", "<Q", ">d"))
+_OPS_PER_CHARGE = 1024
+_OPCODE_NAMES = {v[0]: k for k, v in vars(pickle).items() if k.isupper() and isinstance(v, bytes) and len(v) == 1}
+_TRUNCATED = "the pickle ends inside an opcode (the file is truncated or corrupt)"
+
+
+class _PickleMachine:
+    """Runs the opcodes of one pickle without the pickle module's unpickler: it builds only numbers, strings, bytes,
+    containers and the loader's allow-listed globals and storages.
+
+    What it builds is charged to the load's budget as it goes; a memo reference (GET) stays a reference to the one
+    object, never a copy; tuples and frozensets (which hashing walks recursively in C) may nest at most MAX_NESTING
+    levels; an index or length from the file is checked against the data before it is used.
+    """
+
+    def __init__(self, loader: _TorchLoader, data: Any, pos: int) -> None:
+        self.loader, self.data, self.pos = loader, data, pos
+        self.charge = loader.budget.charge
+        self.stack: list[Any] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, Any] = {}
+        self.nesting: dict[int, tuple[int, Any]] = {}  # id -> (levels, object) of tuples and frozensets that nest
+
+    def load(self) -> tuple[Any, int]:
+        """The pickle's object, and the position after its STOP opcode."""
+        data, end, ops, start = self.data, len(self.data), 0, self.pos
+        try:
+            while True:
+                start = self.pos
+                if start >= end:
+                    raise self.loader.error("the pickle ends before its STOP opcode (the file is truncated)")
+                self.pos += 1
+                op = _OP_TABLE[data[start]]
+                if op is None:
+                    raise self.unsupported(data[start])
+                ops += 1
+                if not ops % _OPS_PER_CHARGE:  # each opcode adds at most a slot to the stack or an item to a list
+                    self.charge(_OPS_PER_CHARGE * _REFERENCE_BYTES, "the pickle's stack and the items of its lists")
+                if op(self):
+                    return self.stack.pop(), self.pos
+        except (IndexError, KeyError, TypeError, struct.error, UnicodeDecodeError, OverflowError) as e:
+            name = _OPCODE_NAMES.get(data[start], f"0x{data[start]:02x}") if start < end else "end"
+            raise self.loader.error(f"malformed pickle at byte {start} (opcode {name}): {type(e).__name__}: {e}") from e
+
+    def unsupported(self, code: int) -> ValueError:
+        if code not in _OPCODE_NAMES:
+            return self.loader.error(f"byte {self.pos - 1} of the pickle, 0x{code:02x}, is no pickle opcode")
+        return self.loader.error(
+            f"the pickle uses the opcode {_OPCODE_NAMES[code]}, which builds objects of classes or extensions; a "
+            "checkpoint of tensors and containers does not need it, so it is refused"
+        )
+
+    # reading the opcodes' arguments
+
+    def take(self, n: int) -> Any:
+        start = self.pos
+        if n < 0 or start + n > len(self.data):
+            raise self.loader.error(_TRUNCATED)
+        self.pos = start + n
+        return self.data[start : start + n]
+
+    def unpack(self, fmt: struct.Struct) -> Any:
+        if self.pos + fmt.size > len(self.data):
+            raise self.loader.error(_TRUNCATED)
+        value = fmt.unpack_from(self.data, self.pos)[0]
+        self.pos += fmt.size
+        return value
+
+    def line(self) -> bytes:
+        nl = self.data.find(b"\n", self.pos)
+        if nl < 0:
+            raise self.loader.error(_TRUNCATED)
+        text = self.data[self.pos : nl]
+        self.pos = nl + 1
+        return bytes(text)
+
+    def text_number(self, kind: type) -> Any:
+        return self.number(self.line(), kind)
+
+    def number(self, text: bytes, kind: type) -> Any:
+        try:
+            return kind(text.rstrip(b"L") if kind is int else text)
+        except ValueError as e:
+            raise self.loader.error(f"the pickle has a malformed number {text[:40]!r}: {e}") from e
+
+    def counted(self, n: int) -> Any:
+        """n bytes of the data, charged before they are copied."""
+        self.charge(_OBJECT_BYTES + max(n, 0), f"a string of {n} bytes")
+        return self.take(n)
+
+    # the stack
+
+    def push(self, x: Any) -> None:
+        self.stack.append(x)  # (charged by the opcode count, in load)
+
+    def pop_mark(self) -> list[Any]:
+        mark = self.marks.pop()
+        items = self.stack[mark:]
+        del self.stack[mark:]
+        return items
+
+    def pairs(self, items: list[Any]) -> list[tuple[Any, Any]]:
+        if len(items) % 2:
+            raise self.loader.error("the pickle sets dict items from an odd number of keys and values")
+        self.charge(len(items) // 2 * _ENTRY_BYTES, f"a dict of {len(items) // 2} items")
+        return list(zip(items[::2], items[1::2]))
+
+    def target(self, kind: type) -> Any:
+        obj = self.stack[-1]
+        if not isinstance(obj, kind):
+            raise self.loader.error(f"the pickle adds items to a {type(obj).__name__}, not a {kind.__name__}")
         return obj
+
+    def hashed(self, kind: type, items: list[Any]) -> Any:
+        """A tuple or frozenset of items, refused when it would nest more than MAX_NESTING levels."""
+        levels = 1
+        for item in items:
+            if isinstance(item, (tuple, frozenset)):
+                levels = max(levels, self.nesting[id(item)][0] + 1 if id(item) in self.nesting else 2)
+        if levels > MAX_NESTING:
+            raise self.loader.error(
+                f"the pickle nests tuples more than {MAX_NESTING} levels deep; a checkpoint nests a few (hashing a "
+                "deeper one would overflow the C stack)"
+            )
+        self.charge(_OBJECT_BYTES + len(items) * _REFERENCE_BYTES, f"a {kind.__name__} of {len(items)} items")
+        obj = kind(items)
+        if levels > 1:
+            self.nesting[id(obj)] = (levels, obj)
+        return obj
+
+    def memoize(self, index: int) -> None:
+        self.charge(_ENTRY_BYTES, "the pickle's memo")
+        self.memo[index] = self.stack[-1]
+
+    def recall(self, index: int) -> None:
+        if index not in self.memo:
+            raise self.loader.error(f"the pickle refers to memo entry {index}, which it never stored")
+        self.push(self.memo[index])
+
+
+def _op_proto(m: _PickleMachine) -> None:
+    m.take(1)
+
+
+def _op_frame(m: _PickleMachine) -> None:
+    m.take(8)  # the data is all in memory (or mapped): frames need no reading ahead
+
+
+def _op_stop(m: _PickleMachine) -> bool:
+    if not m.stack:
+        raise m.loader.error("the pickle stops with nothing on its stack")
+    return True
+
+
+def _op_pop(m: _PickleMachine) -> None:
+    if m.marks and m.marks[-1] == len(m.stack):
+        m.marks.pop()
+    else:
+        m.stack.pop()
+
+
+def _op_pop_mark(m: _PickleMachine) -> None:
+    m.pop_mark()
+
+
+def _op_int(m: _PickleMachine) -> None:
+    text = m.line()
+    m.push(text == b"01" if text in (b"00", b"01") else m.number(text, int))  # (protocol 0 spells booleans so)
+
+
+def _op_long(m: _PickleMachine, n: int) -> None:
+    m.push(int.from_bytes(m.counted(n), "little", signed=True))
+
+
+def _op_string(m: _PickleMachine) -> None:
+    text = m.line()
+    if len(text) < 2 or text[0] != text[-1] or text[:1] not in (b"'", b'"'):
+        raise m.loader.error(f"the pickle has a malformed STRING {text[:40]!r}")
+    m.charge(_OBJECT_BYTES + len(text), "a string")
+    m.push(codecs.escape_decode(text[1:-1])[0].decode("utf-8"))
+
+
+def _op_unicode(m: _PickleMachine) -> None:
+    text = m.line()
+    m.charge(_OBJECT_BYTES + 4 * len(text), "a string")
+    m.push(text.decode("raw-unicode-escape"))
+
+
+def _op_list(m: _PickleMachine) -> None:
+    items = m.pop_mark()
+    m.charge(_OBJECT_BYTES + len(items) * _REFERENCE_BYTES, f"a list of {len(items)} items")
+    m.push(items)
+
+
+def _op_appends(m: _PickleMachine) -> None:
+    items = m.pop_mark()
+    m.charge(len(items) * _REFERENCE_BYTES, f"{len(items)} list items")
+    m.target(list).extend(items)
+
+
+def _op_append(m: _PickleMachine) -> None:
+    item = m.stack.pop()
+    m.target(list).append(item)
+
+
+def _op_dict(m: _PickleMachine) -> None:
+    pairs = m.pairs(m.pop_mark())
+    m.charge(_OBJECT_BYTES, "a dict")
+    m.push(dict(pairs))
+
+
+def _op_setitem(m: _PickleMachine) -> None:
+    value, key = m.stack.pop(), m.stack.pop()
+    m.charge(_ENTRY_BYTES, "a dict item")
+    m.target(dict)[key] = value
+
+
+def _op_setitems(m: _PickleMachine) -> None:
+    pairs = m.pairs(m.pop_mark())
+    m.target(dict).update(pairs)
+
+
+def _op_additems(m: _PickleMachine) -> None:
+    items = m.pop_mark()
+    m.charge(len(items) * _ENTRY_BYTES, f"{len(items)} set items")
+    m.target(set).update(items)
+
+
+def _op_tuple_n(n: int) -> Callable[[_PickleMachine], None]:
+    def op(m: _PickleMachine) -> None:
+        if len(m.stack) - (m.marks[-1] if m.marks else 0) < n:
+            raise m.loader.error(f"the pickle makes a tuple of {n} items from a stack of fewer")
+        items = m.stack[len(m.stack) - n :] if n else []
+        del m.stack[len(m.stack) - n :]
+        m.push(m.hashed(tuple, items))
+
+    return op
+
+
+def _op_global(m: _PickleMachine) -> None:
+    module, name = m.line().decode("utf-8"), m.line().decode("utf-8")
+    m.push(m.loader.find_global(module, name))
+
+
+def _op_stack_global(m: _PickleMachine) -> None:
+    name, module = m.stack.pop(), m.stack.pop()
+    if not isinstance(module, str) or not isinstance(name, str):
+        raise m.loader.error(f"STACK_GLOBAL names {_short_repr(module)}.{_short_repr(name)}, not two strings")
+    m.push(m.loader.find_global(module, name))
+
+
+def _op_reduce(m: _PickleMachine) -> None:
+    args, func = m.stack.pop(), m.stack.pop()
+    m.push(m.loader.call(func, args))
+
+
+def _op_build(m: _PickleMachine) -> None:
+    state = m.stack.pop()
+    m.loader.set_state(m.stack[-1], state)
+
+
+def _op_binpersid(m: _PickleMachine) -> None:
+    m.push(m.loader.persistent_load(m.stack.pop()))
+
+
+def _op_persid(m: _PickleMachine) -> None:
+    m.push(m.loader.persistent_load(m.line().decode("ascii")))
+
+
+def _op_empty(kind: type) -> Callable[[_PickleMachine], None]:
+    def op(m: _PickleMachine) -> None:
+        m.charge(_OBJECT_BYTES, f"a {kind.__name__}")
+        m.push(kind())
+
+    return op
+
+
+def _op_const(value: Any) -> Callable[[_PickleMachine], None]:
+    return lambda m: m.push(value)
+
+
+def _op_unpacked(fmt: struct.Struct) -> Callable[[_PickleMachine], None]:
+    return lambda m: m.push(m.unpack(fmt))
+
+
+def _op_counted(length: struct.Struct, decode: Optional[Callable[[Any], Any]]) -> Callable[[_PickleMachine], None]:
+    def op(m: _PickleMachine) -> None:
+        raw = m.counted(m.unpack(length))
+        m.push(decode(raw) if decode is not None else bytes(raw))
+
+    return op
+
+
+def _utf8(raw: Any) -> str:
+    return bytes(raw).decode("utf-8", "surrogatepass")
+
+
+def _op_long_counted(length: struct.Struct) -> Callable[[_PickleMachine], None]:
+    return lambda m: _op_long(m, m.unpack(length))
+
+
+_OPS: dict[int, Callable[[_PickleMachine], Optional[bool]]] = {
+    pickle.PROTO[0]: _op_proto,
+    pickle.FRAME[0]: _op_frame,
+    pickle.STOP[0]: _op_stop,
+    pickle.MARK[0]: lambda m: m.marks.append(len(m.stack)),
+    pickle.POP[0]: _op_pop,
+    pickle.POP_MARK[0]: _op_pop_mark,
+    pickle.DUP[0]: lambda m: m.push(m.stack[-1]),
+    pickle.NONE[0]: _op_const(None),
+    pickle.NEWTRUE[0]: _op_const(True),
+    pickle.NEWFALSE[0]: _op_const(False),
+    pickle.INT[0]: _op_int,
+    pickle.BININT[0]: _op_unpacked(_I4),
+    pickle.BININT1[0]: _op_unpacked(_U1),
+    pickle.BININT2[0]: _op_unpacked(_U2),
+    pickle.LONG[0]: lambda m: m.push(m.text_number(int)),
+    pickle.LONG1[0]: _op_long_counted(_U1),
+    pickle.LONG4[0]: _op_long_counted(_I4),
+    pickle.FLOAT[0]: lambda m: m.push(m.text_number(float)),
+    pickle.BINFLOAT[0]: _op_unpacked(_F8),
+    pickle.STRING[0]: _op_string,
+    pickle.BINSTRING[0]: _op_counted(_I4, _utf8),
+    pickle.SHORT_BINSTRING[0]: _op_counted(_U1, _utf8),
+    pickle.BINBYTES[0]: _op_counted(_U4, None),
+    pickle.SHORT_BINBYTES[0]: _op_counted(_U1, None),
+    pickle.BINBYTES8[0]: _op_counted(_U8, None),
+    pickle.BYTEARRAY8[0]: _op_counted(_U8, bytearray),
+    pickle.UNICODE[0]: _op_unicode,
+    pickle.BINUNICODE[0]: _op_counted(_U4, _utf8),
+    pickle.SHORT_BINUNICODE[0]: _op_counted(_U1, _utf8),
+    pickle.BINUNICODE8[0]: _op_counted(_U8, _utf8),
+    pickle.EMPTY_LIST[0]: _op_empty(list),
+    pickle.APPEND[0]: _op_append,
+    pickle.APPENDS[0]: _op_appends,
+    pickle.LIST[0]: _op_list,
+    pickle.EMPTY_TUPLE[0]: lambda m: m.push(()),
+    pickle.TUPLE[0]: lambda m: m.push(m.hashed(tuple, m.pop_mark())),
+    pickle.TUPLE1[0]: _op_tuple_n(1),
+    pickle.TUPLE2[0]: _op_tuple_n(2),
+    pickle.TUPLE3[0]: _op_tuple_n(3),
+    pickle.EMPTY_DICT[0]: _op_empty(dict),
+    pickle.DICT[0]: _op_dict,
+    pickle.SETITEM[0]: _op_setitem,
+    pickle.SETITEMS[0]: _op_setitems,
+    pickle.EMPTY_SET[0]: _op_empty(set),
+    pickle.ADDITEMS[0]: _op_additems,
+    pickle.FROZENSET[0]: lambda m: m.push(m.hashed(frozenset, m.pop_mark())),
+    pickle.GLOBAL[0]: _op_global,
+    pickle.STACK_GLOBAL[0]: _op_stack_global,
+    pickle.REDUCE[0]: _op_reduce,
+    pickle.BUILD[0]: _op_build,
+    pickle.BINPERSID[0]: _op_binpersid,
+    pickle.PERSID[0]: _op_persid,
+    pickle.PUT[0]: lambda m: m.memoize(m.text_number(int)),
+    pickle.BINPUT[0]: lambda m: m.memoize(m.unpack(_U1)),
+    pickle.LONG_BINPUT[0]: lambda m: m.memoize(m.unpack(_U4)),
+    pickle.MEMOIZE[0]: lambda m: m.memoize(len(m.memo)),
+    pickle.GET[0]: lambda m: m.recall(m.text_number(int)),
+    pickle.BINGET[0]: lambda m: m.recall(m.unpack(_U1)),
+    pickle.LONG_BINGET[0]: lambda m: m.recall(m.unpack(_U4)),
+}
+
+_OP_TABLE: list[Optional[Callable[[_PickleMachine], Optional[bool]]]] = [_OPS.get(code) for code in range(256)]
+
+
+def _zip_member(loader: _TorchLoader, zf: zipfile.ZipFile, name: str, nbytes: Optional[int] = None) -> bytes:
+    """The first nbytes of an archive entry (all of it for None: refused when its size is over the budget)."""
+    info = zf.getinfo(name)
+    if info.flag_bits & 0x1:
+        raise loader.error(f"the archive's entry {name!r} is encrypted; torch writes no encrypted entries")
+    if info.compress_type not in _ZIP_METHODS:
+        raise loader.error(
+            f"the archive's entry {name!r} uses zip compression method {info.compress_type}; torch writes entries "
+            f"uncompressed, and only {' or '.join(_ZIP_METHODS.values())} entries are read"
+        )
+    if nbytes is None:
+        nbytes = info.file_size
+        loader.budget.charge(_OBJECT_BYTES + nbytes, f"the archive's entry {name!r} of {nbytes} bytes (uncompressed)")
+    try:
+        with zf.open(info) as f:
+            return f.read(nbytes)  # zipfile stops at the entry's size, whatever its compressed data would give
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        raise loader.error(f"the archive's entry {name!r} is corrupt: {e}") from e
 
 
 def _zip_checkpoint(loader: _TorchLoader, zf: zipfile.ZipFile) -> Any:
-    roots = [n[: -len("/data.pkl")] for n in zf.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+    names = zf.namelist()
+    loader.budget.charge(len(names) * _ZIP_ENTRY_BYTES, f"the archive's directory of {len(names)} entries")
+    roots = [n[: -len("/data.pkl")] for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(roots) != 1:
         raise loader.error(f"expected one '<name>/data.pkl' in the zip archive, found {len(roots)}")
     root = roots[0]
-    names = set(zf.namelist())
-    big_endian = f"{root}/byteorder" in names and zf.read(f"{root}/byteorder").strip() == b"big"
-    with zf.open(f"{root}/data.pkl") as f:
-        result = loader.unpickler(f).load()
+    present = set(names)
+    big_endian = f"{root}/byteorder" in present and _zip_member(loader, zf, f"{root}/byteorder", 16).strip() == b"big"
+    result, _ = loader.load_pickle(_zip_member(loader, zf, f"{root}/data.pkl"))
     for key, st in loader.storages.items():
         if st.view_of is not None:
             continue
         entry = f"{root}/data/{key}"
-        if entry not in names:
+        if entry not in present:
             raise loader.error(f"the archive has no data for storage {key!r} (expected an entry {entry!r})")
-        # read only what the storage needs: a crafted archive may declare a far larger (or compressed) entry
-        with zf.open(entry) as f:
-            loader.read_storage(key, f.read(st.numel * st.dtype.itemsize), big_endian)
+        # read only what the storage needs (charged when the pickle named it): an entry may declare more
+        loader.read_storage(key, _zip_member(loader, zf, entry, st.numel * st.dtype.itemsize), 0, big_endian)
     return result
 
 
-def _read_exact(f: IO[bytes], n: int, loader: _TorchLoader, what: str) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise loader.error(f"the file ends inside {what} ({len(data)} of {n} bytes)")
-    return data
-
-
-def _legacy_checkpoint(loader: _TorchLoader, f: IO[bytes]) -> Any:
+def _legacy_checkpoint(loader: _TorchLoader, data: mmap.mmap) -> Any:
     try:
-        magic = loader.unpickler(f).load()
-    except Exception as e:
+        magic, pos = loader.load_pickle(data)
+    except LoadLimitError:
+        raise
+    except (ValueError, pickle.UnpicklingError) as e:
         raise loader.error(f"not a PyTorch checkpoint (zip or legacy format): {e}") from e
     if magic != _LEGACY_MAGIC:
         raise loader.error("not a PyTorch checkpoint: no zip archive and no legacy magic number")
-    protocol = loader.unpickler(f).load()
+    protocol, pos = loader.load_pickle(data, pos)
     if protocol != _LEGACY_PROTOCOL:
-        raise loader.error(f"unsupported legacy protocol version {protocol!r} (expected {_LEGACY_PROTOCOL})")
-    sys_info = loader.unpickler(f).load()  # the endianness and type sizes of the machine that saved it
+        raise loader.error(f"unsupported legacy protocol version {_short_repr(protocol)} (expected {_LEGACY_PROTOCOL})")
+    sys_info, pos = loader.load_pickle(data, pos)  # the endianness and type sizes of the machine that saved it
     big_endian = isinstance(sys_info, dict) and sys_info.get("little_endian") is False
-    result = loader.unpickler(f).load()
-    keys = loader.unpickler(f).load()
+    result, pos = loader.load_pickle(data, pos)
+    keys, pos = loader.load_pickle(data, pos)
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise loader.error("the list of storage keys is malformed")
     for key in keys:
         if key not in loader.storages:
             raise loader.error(f"the file has data for storage {key!r}, which no tensor refers to")
         st = loader.storages[key]
-        size_field = _read_exact(f, 8, loader, f"the size of storage {key!r}")
-        numel = int.from_bytes(size_field, "big" if big_endian else "little", signed=True)
+        if pos + 8 > len(data):
+            raise loader.error(f"the file ends inside the size of storage {key!r}")
+        numel = int.from_bytes(data[pos : pos + 8], "big" if big_endian else "little", signed=True)
         if numel != st.numel:
             raise loader.error(f"storage {key!r} holds {numel} elements, but the pickle says {st.numel}")
-        raw = _read_exact(f, numel * st.dtype.itemsize, loader, f"storage {key!r}")
-        loader.read_storage(key, raw, big_endian)
+        pos += 8
+        nbytes = numel * st.dtype.itemsize
+        if pos + nbytes > len(data):
+            raise loader.error(f"the file ends inside storage {key!r} ({len(data) - pos} of {nbytes} bytes)")
+        loader.read_storage(key, data, pos, big_endian)  # a view of the mapped file: copied once, into the tensors
+        pos += nbytes
     return result
 
 
 def torch_load(fn: PathLike) -> Any:
     """The object (usually a state dict) in a PyTorch checkpoint (.pt/.pth/.bin, zip or legacy format), with its
     tensors as tgcore Tensors. Needs no torch, and runs no code from the file: only tensors, storages and
-    containers can be rebuilt; any other global is refused with an error that names it."""
+    containers can be rebuilt; any other global is refused with an error that names it. What the file may make it
+    build is bounded (TGCORE_LOAD_LIMIT times the file's size, at least 64 MiB); a broadcast tensor (stride 0)
+    loads as an expanded view of its elements."""
     name = os.fspath(fn)
-    loader = _TorchLoader(repr(name))
+    size = os.path.getsize(name)  # (a missing file raises here, with its name)
+    loader = _TorchLoader(repr(name), _LoadBudget("torch_load", repr(name), size))
     if zipfile.is_zipfile(name):
-        with zipfile.ZipFile(name) as zf:
-            result = _zip_checkpoint(loader, zf)
+        try:
+            with zipfile.ZipFile(name) as zf:
+                result = _zip_checkpoint(loader, zf)
+        except zipfile.BadZipFile as e:
+            raise loader.error(f"the zip archive is corrupt: {e}") from e
     elif tarfile.is_tarfile(name):
         raise loader.error(
             "the tar checkpoint format of PyTorch <= 0.3 is not supported; re-save it with a newer torch"
         )
+    elif size == 0:
+        raise loader.error("not a PyTorch checkpoint: the file is empty")
     else:
         with open(name, "rb") as f:
-            result = _legacy_checkpoint(loader, f)
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # read where used; storages are views of it
+        result = _legacy_checkpoint(loader, data)
     return loader.resolve(result)
