@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import inspect
 import math
 import mmap
 import os
+import sys
 import threading
 import time
 import warnings
@@ -87,11 +89,14 @@ _compiled: dict[tuple[str, str], bytes] = {}
 
 
 class Allocator:
-    """Device memory: alloc/free/copyin/copyout. `options` is None or a plugin-defined hashable."""
+    """Device memory: alloc/free/copyin/copyout. `options` is None or a plugin-defined hashable. An allocation that
+    finds no memory raises MemoryError (the LRU cache then frees what it holds and tries once more)."""
 
     def alloc(self, size: int, options: Any = None) -> Any:
         if size < 0:
             raise ValueError(f"cannot allocate {size} bytes: expected a size >= 0")
+        if size > MAX_BUFFER_BYTES:
+            raise MemoryError(f"cannot allocate {size} bytes: no buffer can be larger than {MAX_BUFFER_BYTES} bytes")
         return self._alloc(size, options)
 
     def free(self, opaque: Any, size: int, options: Any = None) -> None:
@@ -122,8 +127,12 @@ class LRUAllocator(Allocator):
         try:
             return super().alloc(size, options)
         except (MemoryError, RuntimeError):
-            self.free_cache()
-            return super().alloc(size, options)
+            pass
+        # once more with the memory of the cached buffers, and of the buffers that only a reference cycle keeps (a
+        # collection frees them, into the cache), given back
+        gc.collect()
+        self.free_cache()
+        return super().alloc(size, options)
 
     def free_cache(self) -> None:
         """Really free every cached buffer."""
@@ -140,6 +149,9 @@ class LRUAllocator(Allocator):
 
 
 ALIGNMENT = 64  # bytes: where host buffers start
+# the most bytes a buffer can have: what a 64-bit address space (and Python's sizes, ssize_t) can hold at all; a
+# device's allocator refuses less than this where it has less
+MAX_BUFFER_BYTES = sys.maxsize
 
 
 HUGE_PAGE = 2 << 20  # bytes: a buffer this big gets memory of its own, in huge pages where the OS offers them
@@ -149,12 +161,20 @@ _HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_PRIVATE") an
 def _huge_page_buffer(size: int) -> Any:
     """`size` zeroed bytes of private anonymous memory starting on a huge-page boundary, with the OS asked to back them
     with huge pages (as numpy does for its large arrays): a kernel streaming 64 MB then misses the TLB 512 times less
-    often (a 4096 x 4096 sum on CLANG: 42 -> 45 GB/s). The mapping is unmapped when the returned array is freed."""
+    often (a 4096 x 4096 sum on CLANG: 42 -> 45 GB/s). Where the memory left has no room for the alignment's extra
+    huge page, the mapping is `size` bytes where the OS puts it (the huge pages inside it are still asked for). The
+    mapping is unmapped when the returned array is freed."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     try:
-        mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError as e:  # (as MemoryError, so that the LRU allocator frees its cache and tries again)
-        raise MemoryError(f"could not map {size} bytes of host memory: {e}") from e
-    start = -ctypes.addressof(ctypes.c_uint8.from_buffer(mapping)) % HUGE_PAGE
+        mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=flags)
+        start = -ctypes.addressof(ctypes.c_uint8.from_buffer(mapping)) % HUGE_PAGE
+    except (OSError, OverflowError):
+        try:
+            mapping = mmap.mmap(-1, size, flags=flags)
+        except (OSError, OverflowError) as e:  # (as MemoryError, so that the LRU allocator frees its cache and retries)
+            reason = e.strerror if isinstance(e, OSError) else "too large"
+            raise MemoryError(f"could not map {size} bytes of host memory ({reason})") from e
+        start = 0  # a page boundary: aligned enough for the kernels
     try:
         mapping.madvise(mmap.MADV_HUGEPAGE, start, size)
     except OSError:  # a kernel without transparent huge pages: plain pages serve as well
@@ -170,7 +190,10 @@ class MallocAllocator(LRUAllocator):
             return _huge_page_buffer(size)
         # aligned to a cache line (and an AVX-512 vector): a kernel's vector loads then never straddle two lines
         # (matmul 1024 on CLANG: about +20% against the heap's 16-byte alignment)
-        raw = (ctypes.c_uint8 * (size + ALIGNMENT))()
+        try:
+            raw = (ctypes.c_uint8 * (size + ALIGNMENT))()
+        except (MemoryError, OverflowError) as e:  # (ctypes' MemoryError says nothing)
+            raise MemoryError(f"could not allocate {size} bytes of host memory from the C heap") from e
         return (ctypes.c_uint8 * size).from_buffer(raw, -ctypes.addressof(raw) % ALIGNMENT)  # keeps `raw` alive
 
     def as_buffer(self, src: Any) -> memoryview:
@@ -213,6 +236,11 @@ class Buffer:
     ) -> None:
         if size < 0:
             raise ValueError(f"buffer size must be >= 0, got {size}")
+        if size * dtype.itemsize > MAX_BUFFER_BYTES:  # (fails here, where the tensor is made, not at its realize)
+            raise MemoryError(
+                f"a buffer of {size} {dtype.short_name} elements on {device} would be {size * dtype.itemsize} "
+                f"bytes: no buffer can be larger than {MAX_BUFFER_BYTES} bytes; use a smaller shape or a narrower dtype"
+            )
         self.device, self.size, self.dtype, self.options = device, size, dtype, options
         self.base, self.offset = base, offset  # a view into `base` starting at byte `offset`
         self._opaque: Any = None
@@ -243,7 +271,14 @@ class Buffer:
             self._opaque = opaque
         else:
             nbytes = self.size * self.dtype.itemsize  # (self.nbytes without the property call: once per op)
-            self._opaque = allocator.alloc(nbytes, self.options)
+            try:
+                self._opaque = allocator.alloc(nbytes, self.options)
+            except MemoryError as e:
+                raise MemoryError(
+                    f"device {self.device} has no memory for a buffer of {self.size} {self.dtype.short_name} elements "
+                    f"({nbytes} bytes, {GlobalCounters.mem_used} bytes in use by tgcore): {e}; free the tensors that "
+                    "are no longer needed, or use smaller ones"
+                ) from e
             GlobalCounters.mem_used += nbytes
         return self
 

@@ -2,12 +2,15 @@
 
 Global axes become loops (a Renderer with `global_max = None`, like a CPU) or launched grid indices (SPECIAL),
 reduce axes become loops with an accumulator. Index arithmetic comes from each buffer's ShapeTracker as
-symbolic Nodes and is lowered to int32 ALU uops. Equal uops are emitted once per loop scope, and uops without
+symbolic Nodes and is lowered to index ALU uops. Equal uops are emitted once per loop scope, and uops without
 effects that nothing reads are dropped at the end. Where the Renderer declares `fused_mulacc`, a float SUM of
 products accumulates with MULACC; a STAGEd input is copied into shared memory (DEFINE_LOCAL) by the workgroup before
 the innermost reduce loop, between BARRIERs, and read from there; a PACKed input is copied by the thread into a
 scratch block (DEFINE_LOCAL, no BARRIER) at each step of the outermost loop (of a HOISTed kernel: of the outer reduce
 loops), and read from there.
+
+The index uops are int32, or int64 where a value the index arithmetic computes may not fit int32 (a buffer or an
+index space past 2^31 - 1 elements; see index_dtype_of).
 """
 
 from __future__ import annotations
@@ -43,13 +46,42 @@ MAX_VECTOR = 16
 COMPENSATED_MIN = 1024
 # a value of one group of lanes: a vector uop, or one scalar uop per lane
 Value = Union[UOp, tuple[UOp, ...]]
+# the values int32 index arithmetic holds; a kernel whose index values may leave them computes its indices in int64
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _IndexOverflow(Exception):
+    """A value of a kernel's int32 index arithmetic may not fit int32: the kernel is lowered again in int64."""
+
+
+def _upper(s: sint) -> int:
+    return s if isinstance(s, int) else s.max
+
+
+def index_dtype_of(k: Kernel) -> DType:
+    """The index dtype a kernel's sizes call for: int64 when its index space or a buffer it touches has more than
+    INT32_MAX elements, else int32 (int32 math is as fast as int64 on CPUs and faster on GPUs). An int32 kernel whose
+    index arithmetic still reaches past int32 (an intermediate value, a symbolic bound) is lowered again in int64."""
+    if (space := prod([_upper(s) for s in k.full_shape])) > INT64_MAX:
+        raise ValueError(
+            f"kernel {k.name} spans {space} elements (shape {k.full_shape}), more than int64 indexes (the widest index "
+            "of every device): use tensors of fewer elements"
+        )
+    if space > INT32_MAX:
+        return dtypes.int64
+    if any(leaf.arg.st.real_size() > INT32_MAX for leaf in k.leaves if leaf.op is not BufferOps.CONST):
+        return dtypes.int64
+    return dtypes.int32
 
 
 class Linearizer:
     """Emits the uops of one Kernel."""
 
-    def __init__(self, k: Kernel) -> None:
+    def __init__(self, k: Kernel, index_dtype: Optional[DType] = None) -> None:
         self.k = k
+        # the dtype of every index uop (RANGE, SPECIAL, the ALU uops of index math, their CONSTs)
+        self.index_dtype = index_dtype or index_dtype_of(k)
         self.vector_math = tuple(getattr(k.opts, "vector_math", ()))
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
@@ -96,7 +128,7 @@ class Linearizer:
         return self.uop(UOps.ALU, dtype, src, op)
 
     def open_range(self, start: UOp, end: UOp, axis: int, reduce: bool) -> UOp:
-        r = self.uop(UOps.RANGE, dtypes.int32, (start, end), (axis, reduce), cse=False)
+        r = self.uop(UOps.RANGE, self.index_dtype, (start, end), (axis, reduce), cse=False)
         self.scopes.append({})
         return r
 
@@ -106,38 +138,83 @@ class Linearizer:
 
     # ***** index math: symbolic Node -> uops *****
 
+    def check_index(self, lo: int, hi: int) -> None:
+        """Raise _IndexOverflow when an index value in [lo, hi] does not fit this kernel's int32 index dtype, and
+        ValueError when it does not fit int64."""
+        if lo >= INT32_MIN and hi <= INT32_MAX:
+            return
+        if self.index_dtype == dtypes.int32:
+            raise _IndexOverflow
+        if lo < INT64_MIN or hi > INT64_MAX:
+            raise ValueError(
+                f"kernel {self.k.name} (shape {self.k.full_shape}) computes index values from {lo} to {hi}, past "
+                "int64's range (the widest index of every device): use tensors of fewer elements"
+            )
+
     def node(self, n: sint) -> UOp:
+        idx = self.index_dtype
         if isinstance(n, int):
-            return self.const(n, dtypes.int32)
+            self.check_index(n, n)
+            return self.const(n, idx)
+        self.check_index(n.min, n.max)
         if isinstance(n, NumNode):
-            return self.const(int(n.b), dtypes.int32)
+            return self.const(int(n.b), idx)
         if isinstance(n, Variable):
-            return self.index_vars[n] if n in self.index_vars else self.var_uops[n.expr]
+            return self.index_vars[n] if n in self.index_vars else self.var_index(n)
         if isinstance(n, MulNode):
-            return self.alu(BinaryOps.MUL, dtypes.int32, self.node(n.a), self.node(n.b))
+            return self.alu(BinaryOps.MUL, idx, self.node(n.a), self.node(n.b))
         if isinstance(n, (DivNode, ModNode)):
             # Nodes divide with floor semantics, ALU DIV/MOD truncate: shift a numerator that can be negative
             # by a multiple of the divisor so both agree
             shift = -(n.a.min // n.b) if isinstance(n.b, int) and n.a.min < 0 else 0
             a = self.node(n.a + shift * n.b) if shift else self.node(n.a)
             if isinstance(n, ModNode):
-                return self.alu(BinaryOps.MOD, dtypes.int32, a, self.node(n.b))
-            q = self.alu(BinaryOps.DIV, dtypes.int32, a, self.node(n.b))
-            return self.alu(BinaryOps.SUB, dtypes.int32, q, self.const(shift, dtypes.int32)) if shift else q
+                return self.alu(BinaryOps.MOD, idx, a, self.node(n.b))
+            q = self.alu(BinaryOps.DIV, idx, a, self.node(n.b))
+            return self.alu(BinaryOps.SUB, idx, q, self.const(shift, idx)) if shift else q
         if isinstance(n, LtNode):
             return self.alu(BinaryOps.CMPLT, dtypes.bool, self.node(n.a), self.node(n.b))
         if isinstance(n, (SumNode, AndNode)):
-            op, dt = (BinaryOps.ADD, dtypes.int32) if isinstance(n, SumNode) else (BinaryOps.AND, dtypes.bool)
+            op, dt = (BinaryOps.ADD, idx) if isinstance(n, SumNode) else (BinaryOps.AND, dtypes.bool)
             parts = [self.node(x) for x in n.nodes]
-            out = parts[0]
-            for p in parts[1:]:
+            out, lo, hi = parts[0], n.nodes[0].min, n.nodes[0].max
+            for x, p in zip(n.nodes[1:], parts[1:]):
+                if dt is idx:  # a partial sum may reach further than the whole
+                    lo, hi = lo + x.min, hi + x.max
+                    self.check_index(lo, hi)
                 out = self.alu(op, dt, out, p)
             return out
         raise NotImplementedError(f"the linearizer cannot lower the index node {type(n).__name__}: {n}")
 
+    def var_dtype(self, v: Variable) -> DType:
+        """A symbolic variable's DEFINE_VAR dtype: int32, unless its range passes int32's (then the kernel's indices
+        are int64 too)."""
+        if v.min >= INT32_MIN and v.max <= INT32_MAX:
+            return dtypes.int32
+        self.check_index(v.min, v.max)
+        return dtypes.int64
+
+    def var_index(self, v: Variable) -> UOp:
+        """Symbolic variable `v` as an index value: its DEFINE_VAR, cast (once, in the header) to an int64 index."""
+        var = self.var_uops[v.expr]
+        if var.dtype == self.index_dtype:
+            return var
+        if (wide := self.wide_vars.get(v.expr)) is None:
+            wide = self.wide_vars[v.expr] = UOp(UOps.CAST, self.index_dtype, (var,))
+            self.header.append(wide)
+        return wide
+
     # ***** the kernel *****
 
     def linearize(self) -> list[UOp]:
+        """The kernel's uops; their index arithmetic in int64 when a value of it may not fit int32."""
+        try:
+            return self._linearize()
+        except _IndexOverflow:  # (only an int32 kernel raises it)
+            self.__init__(self.k, dtypes.int64)  # type: ignore[misc]
+            return self._linearize()
+
+    def _linearize(self) -> list[UOp]:
         k = self.k
         self.buffers: dict[int, UOp] = {}
         for leaf in k.leaves:
@@ -161,10 +238,11 @@ class Linearizer:
         self.variables = sorted(shape_vars, key=lambda v: v.expr)
         # each by the identifier its name maps to (codegen/names.py): the user's name never reaches the source
         self.var_uops = {
-            v.expr: UOp(UOps.DEFINE_VAR, dtypes.int32, (), (variable_identifier(v.expr), v.min, v.max))
+            v.expr: UOp(UOps.DEFINE_VAR, self.var_dtype(v), (), (variable_identifier(v.expr), v.min, v.max))
             for v in self.variables
         }
         self.header.extend(self.var_uops.values())
+        self.wide_vars: dict[str, UOp] = {}  # an int32 DEFINE_VAR cast to an int64 kernel's index dtype
         self.index_vars: dict[Variable, UOp] = {}
         self.ranges: list[UOp] = []
         # the loop indices, as Variables named unlike any of the kernel's own (a user's Variable named _axis0 with
@@ -236,7 +314,7 @@ class Linearizer:
     def _open_loops(self, axes: list[int], reduce: bool) -> list[UOp]:
         loops = []
         for a in axes:
-            r = self.open_range(self.const(0, dtypes.int32), self.node(self.k.full_shape[a]), a, reduce)
+            r = self.open_range(self.const(0, self.index_dtype), self.node(self.k.full_shape[a]), a, reduce)
             self.index_vars[self.axis_vars[a]] = r
             loops.append(r)
         return loops
@@ -260,11 +338,12 @@ class Linearizer:
                 if n == 0 and may_thread and self._threaded(axes):
                     assert isinstance(s, int)
                     self.thread_extent = s
-                    bounds = [UOp(UOps.DEFINE_VAR, dtypes.int32, (), (name, 0, s)) for name in THREAD_BOUNDS]
+                    self.check_index(0, s)
+                    bounds = [UOp(UOps.DEFINE_VAR, self.index_dtype, (), (name, 0, s)) for name in THREAD_BOUNDS]
                     self.header.extend(bounds)
                     r = self.open_range(bounds[0], bounds[1], a, False)
                 else:
-                    r = self.open_range(self.const(0, dtypes.int32), self.node(s), a, False)
+                    r = self.open_range(self.const(0, self.index_dtype), self.node(s), a, False)
                 self.ranges.append(r)
                 self.index_vars[self.axis_vars[a]] = r
             return
@@ -274,18 +353,19 @@ class Linearizer:
             # the innermost axis is grid dimension 0
             for dim, a in enumerate(reversed(axes)):
                 self.index_vars[self.axis_vars[a]] = self.uop(
-                    UOps.SPECIAL, dtypes.int32, (), (dim, f"gidx{dim}", k.full_shape[a]), cse=False
+                    UOps.SPECIAL, self.index_dtype, (), (dim, f"gidx{dim}", k.full_shape[a]), cse=False
                 )
             self.global_size = tuple(reversed(sizes)) + (1,) * (3 - len(sizes)) if sizes else (1, 1, 1)
         else:  # too many axes for the grid: one flat index, split into the axes
             total = prod(sizes)
-            flat = self.uop(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", self._source_node(total)), cse=False)
+            self.check_index(0, _upper(total))
+            flat = self.uop(UOps.SPECIAL, self.index_dtype, (), (0, "gidx0", self._source_node(total)), cse=False)
             stride = 1
             for a, s in reversed(list(zip(axes, sizes))):
                 self.index_vars[self.axis_vars[a]] = self.alu(
                     BinaryOps.MOD,
-                    dtypes.int32,
-                    self.alu(BinaryOps.DIV, dtypes.int32, flat, self.node(stride)),
+                    self.index_dtype,
+                    self.alu(BinaryOps.DIV, self.index_dtype, flat, self.node(stride)),
                     self.node(s),
                 )
                 stride = stride * s
@@ -295,7 +375,7 @@ class Linearizer:
             size = k.full_shape[a]
             assert isinstance(size, int)
             self.index_vars[self.axis_vars[a]] = self.uop(
-                UOps.SPECIAL, dtypes.int32, (), (dim, f"lidx{dim}", size), cse=False
+                UOps.SPECIAL, self.index_dtype, (), (dim, f"lidx{dim}", size), cse=False
             )
             local_size[dim] = size
         self.local_size = tuple(local_size)
@@ -470,7 +550,7 @@ class Linearizer:
         dt = op.arg.dtype
         if op.op is BufferOps.CONST:
             val = self.var_uops[op.arg.val.expr] if isinstance(op.arg.val, Variable) else self.const(op.arg.val, dt)
-            if isinstance(op.arg.val, Variable) and dt != dtypes.int32:
+            if isinstance(op.arg.val, Variable) and dt != val.dtype:
                 val = self.uop(UOps.CAST, dt, (val,))
             if valid is None:
                 return val

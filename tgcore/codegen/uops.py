@@ -4,15 +4,16 @@ A kernel is a list of UOps in execution order. Each UOp is `UOp(op, dtype, src, 
 of the same list. The kinds, as `op: dtype; src; arg`:
 
 - DEFINE_GLOBAL: PtrDType of the elements; (); (index, name, writable): a buffer argument
-- DEFINE_VAR: int32; (); (name, min, max): a symbolic shape variable passed by value; name is its identifier
-  (codegen/names.py: `var_<name>` or `varx_<hex>`, never the user's text) or core_start / core_end
+- DEFINE_VAR: int32 (int64 when min..max passes int32's range); (); (name, min, max): a symbolic shape variable
+  passed by value; name is its identifier (codegen/names.py: `var_<name>` or `varx_<hex>`, never the user's text)
+  or core_start / core_end
 - DEFINE_LOCAL: PtrDType of the elements; (); (name, size): memory shared by a workgroup; in a CPU-style kernel
   (a Renderer with `scratch_max`, never with a BARRIER) scratch memory of the calling thread's own
 - DEFINE_ACC: scalar; (); the initial value (a Python number): an accumulator variable
 - CONST: scalar; (); a Python bool / int / float
-- SPECIAL: int32; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>" (local); size
-  an int, or a Node (a symbolic launch) whose Variables carry their identifiers as names
-- RANGE: int32; (start CONST, end); (axis, is_reduce): a loop variable, from start up to end (exclusive)
+- SPECIAL: the index dtype; (); (dim, name, size): a launched index; name "gidx<dim>" (global) or "lidx<dim>"
+  (local); size an int, or a Node (a symbolic launch) whose Variables carry their identifiers as names
+- RANGE: the index dtype; (start, end); (axis, is_reduce): a loop variable, from start up to end (exclusive)
 - ENDRANGE: None; (RANGE,); None: closes the loop
 - LOAD: element dtype; (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false
 - STORE: None; (buffer, index, value) or (buffer, index, value, gate)
@@ -39,10 +40,14 @@ besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops
 Every name a uop declares (and the kernel name a renderer receives) is an ASCII identifier that no other declaration
 of the kernel shares; codegen/names.py says which names a renderer may give its own declarations.
 
-Indices are element indices (not bytes), int32. ALU semantics are `tgcore.ops.exec_alu`'s, except float32 and
-float64 MULACC on a renderer that declares `fused_mulacc`: a*b+c rounded once (C's fma). The linearizer emits
-MULACC only there, to accumulate a SUM of products. CMPLT and CMPEQ
-return bool. Loops nest: every RANGE is closed by its ENDRANGE in the reverse order they were opened.
+Indices are element indices (not bytes) of the kernel's index dtype: int32, or int64 in a kernel whose index values
+may pass int32's range (a buffer or an index space past 2^31 - 1 elements: codegen/linearizer.py decides). Every
+index uop of a kernel (RANGE, SPECIAL, the ALU uops and CONSTs of its index math) has that one dtype; in an int64
+kernel an int32 DEFINE_VAR enters the index math through a CAST to int64 at the top of the kernel.
+
+ALU semantics are `tgcore.ops.exec_alu`'s, except float32 and float64 MULACC on a renderer that declares
+`fused_mulacc`: a*b+c rounded once (C's fma). The linearizer emits MULACC only there, to accumulate a SUM of products.
+CMPLT and CMPEQ return bool. Loops nest: every RANGE is closed by its ENDRANGE in the reverse order they were opened.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ from tgcore.ops import BinaryOps, UnaryOps
 # what vectors are made of, and the ALU ops that take them (see the module docstring)
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
 VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
+# the dtypes of index arithmetic (see the module docstring)
+INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 
 
 class UOps(Enum):
@@ -98,14 +105,16 @@ class UOp:
 
 def index_uops(uops: list[UOp]) -> set[int]:
     """The ids of the index arithmetic: the scalar ALU, RANGE and SPECIAL uops computed from launch indices, loop
-    variables, symbolic sizes and constants only, and used only to address memory, gate a load or store, bound a
-    loop or branch (directly or through other such uops). For a valid kernel none of them overflows int32, so a
-    renderer may spell them in a form its compiler folds into addresses (plain C arithmetic, a 64-bit type)."""
+    variables, symbolic sizes (through their CAST in an int64 kernel) and constants only, and used only to address
+    memory, gate a load or store, bound a loop or branch (directly or through other such uops). For a valid kernel
+    none of them overflows the kernel's index dtype, so a renderer may spell them in a form its compiler folds into
+    addresses (plain C arithmetic, a 64-bit type)."""
     from_indices: set[int] = set()
     users: dict[int, list[tuple[UOp, int]]] = {}
     for u in uops:
         if u.op in (UOps.CONST, UOps.SPECIAL, UOps.RANGE, UOps.DEFINE_VAR) or (
-            u.op is UOps.ALU and all(id(s) in from_indices for s in u.src)
+            (u.op is UOps.ALU or (u.op is UOps.CAST and u.dtype in INDEX_DTYPES))
+            and all(id(s) in from_indices for s in u.src)
         ):
             from_indices.add(id(u))
         for position, s in enumerate(u.src):
@@ -127,18 +136,18 @@ def index_uops(uops: list[UOp]) -> set[int]:
 
 
 def plain_index_ops(uops: list[UOp]) -> set[int]:
-    """The ids of the int32 `+ - *` uops of the index arithmetic (index_uops): they cannot overflow for a valid
-    kernel, so a renderer that spells int32 math to wrap (numpy's semantics) may spell these plainly instead, which
-    lets its compiler fold them into addresses."""
+    """The ids of the int32 and int64 `+ - *` uops of the index arithmetic (index_uops): they cannot overflow for a
+    valid kernel, so a renderer that spells int math to wrap (numpy's semantics) may spell these plainly instead,
+    which lets its compiler fold them into addresses."""
     index = index_uops(uops)
     return {
         id(u)
         for u in uops
         if id(u) in index
         and u.op is UOps.ALU
-        and u.dtype == dtypes.int32
+        and u.dtype in INDEX_DTYPES
         and u.arg in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL)
-        and all(s.dtype == dtypes.int32 for s in u.src)
+        and all(s.dtype == u.dtype for s in u.src)
     }
 
 

@@ -39,9 +39,10 @@ class CStyleLanguage(Renderer):
     # instead of int arithmetic, which a compiler told that ints wrap (-fwrapv) cannot fold into the address
     pointer_offsets: bool = False
     # the C type of the int32 index arithmetic (codegen.uops.index_uops: loop variables, launched indices and the
-    # ops that only compute addresses, gates and bounds), None to keep int. Indices never overflow int32 (buffers are
-    # smaller), but a compiler told that ints wrap (-fwrapv) must redo int index math each iteration: in a 64-bit
-    # type it strength-reduces it to pointer increments
+    # ops that only compute addresses, gates and bounds), None to keep int. Indices of an int32 kernel never overflow
+    # int32 (the linearizer makes the kernel int64 otherwise), but a compiler told that ints wrap (-fwrapv) must redo
+    # int index math each iteration: in a 64-bit type it strength-reduces it to pointer increments. An int64 kernel's
+    # index uops are spelled as int64 (render_dtype)
     index_type: Optional[str] = None
     # vector uops (codegen/uops.py): the dtype.vec(n) types are GCC/clang vector extension types, declared at the
     # top of the kernel by render_vector_type; a vector load or store reads n consecutive, possibly unaligned elements
@@ -139,13 +140,23 @@ class CStyleLanguage(Renderer):
             return f"*({self.render_dtype(dt)}*)({buf}+{base}+{const})"
         return f"({buf}+{base})[{const}]" if const != "0" else f"{buf}[{base}]"
 
+    def render_scalar_arg(self, name: str, dt: DType) -> str:
+        """The kernel parameter of a DEFINE_VAR: `arg_int_prefix name`; the launches of the dialects that use it pass
+        int32 values, so an int64 variable (one whose range passes int32's) is refused."""
+        if dt != dtypes.int32:
+            raise NotImplementedError(
+                f"{type(self).__name__} passes symbolic variables as int32, but {name} is {dt.name} (its range passes "
+                f"int32's): bind {name} to a range within -2**31 .. 2**31 - 1"
+            )
+        return f"{self.arg_int_prefix} {name}"
+
     def render_kernel(
         self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
     ) -> str:
         args = [
             f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}*{self.buffer_suffix} {n}"
             if isinstance(dt, PtrDType)
-            else f"{self.arg_int_prefix} {n}"
+            else self.render_scalar_arg(n, dt)
             for n, dt, writable in bufs
         ]
         body = "\n".join("  " + line for line in kernel)
@@ -228,7 +239,8 @@ class CStyleLanguage(Renderer):
         wide = {id(u) for u in uops if id(u) in index and u.dtype == dtypes.int32}
 
         def int_t(u: UOp) -> str:
-            return self.index_type if id(u) in wide else "int"  # type: ignore[return-value]
+            assert u.dtype is not None
+            return self.index_type if id(u) in wide else self.render_dtype(u.dtype)  # type: ignore[return-value]
 
         for u in uops:
             s = [names.get(id(x), "") for x in u.src]
@@ -238,8 +250,9 @@ class CStyleLanguage(Renderer):
                 names[id(u)] = u.arg[1]
                 bufs.append((u.arg[1], dt, u.arg[2]))
             elif u.op is UOps.DEFINE_VAR:
+                assert dt is not None
                 names[id(u)] = u.arg[0]
-                bufs.append((u.arg[0], dtypes.int32, False))
+                bufs.append((u.arg[0], dt, False))
             elif u.op is UOps.DEFINE_LOCAL:
                 assert dt is not None
                 names[id(u)] = u.arg[0]

@@ -136,12 +136,14 @@ class PythonProgram:
                 else:
                     values[pc] = np.frombuffer(raw, dtype=_np_type(dt)) if len(raw) else np.zeros(0, _np_type(dt))
             elif op is UOps.DEFINE_VAR:
-                values[pc] = np.int32(next(var_iter))
+                assert dt is not None
+                values[pc] = _np_type(dt)(next(var_iter))
             elif op is UOps.CONST:
                 assert dt is not None
                 values[pc] = _value_of(arg, dt)
             elif op is UOps.SPECIAL:
-                values[pc] = (grid if arg[1].startswith("gidx") else local)[arg[0]].astype(np.int32)
+                assert dt is not None
+                values[pc] = (grid if arg[1].startswith("gidx") else local)[arg[0]].astype(_np_type(dt))
             elif op is UOps.DEFINE_LOCAL:
                 assert dt is not None
                 values[pc] = _Shared(np.zeros(n_groups * arg[1], _np_type(dt)), group_of * arg[1])
@@ -153,13 +155,14 @@ class PythonProgram:
             elif op is UOps.GEP:
                 values[pc] = s[0][..., arg]
             elif op is UOps.RANGE:
-                values[pc] = np.int32(s[0])  # ENDRANGE jumps back past the RANGE, so this runs once per entry
+                assert dt is not None
+                values[pc] = _np_type(dt)(s[0])  # ENDRANGE jumps back past the RANGE, so this runs once per entry
                 if values[pc] >= s[1]:  # empty loop: skip to after its ENDRANGE
                     pc = self._end_of(pc) + 1
                     continue
             elif op is UOps.ENDRANGE:
                 rng = src[0]
-                values[rng] = np.int32(values[rng] + 1)
+                values[rng] = values[rng] + values[rng].dtype.type(1)  # (in the loop variable's dtype)
                 if values[rng] < values[self.uops[rng][2][1]]:
                     pc = rng + 1
                     continue

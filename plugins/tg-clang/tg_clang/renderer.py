@@ -1,4 +1,5 @@
-"""The C dialect of the C-family renderer: one uniform kernel signature `void name(void **bufs, const int *vals)`.
+"""The C dialect of the C-family renderer: one uniform kernel signature `void name(void **bufs, const long long
+*vals)` (the variables as 64-bit ints, whatever their dtype: a thread's loop bounds of a big kernel pass int32's).
 
 The kernels build with GCC and clang alike, for any -march: the header's routines pick x86 builtins by the target's
 feature macros and the compiler's `__has_builtin`, else plain C; float16 and bfloat16 are floats rounded after every
@@ -360,10 +361,12 @@ class ClangRenderer(CStyleLanguage):
                 prologue.append(f"  {'' if writable else 'const '}{t}* restrict {n} = ({t}*)bufs[{n_buf}];")
                 n_buf += 1
             else:
-                prologue.append(f"  const int {n} = vals[{n_var}];")
+                t = self.render_dtype(dt)
+                prologue.append(f"  const {t} {n} = ({t})vals[{n_var}];")
                 n_var += 1
         body = "\n".join("  " + line for line in kernel)
-        return f"{_HEADER}void {name}(void **bufs, const int *vals) {{\n" + "\n".join(prologue) + f"\n{body}\n}}\n"
+        signature = f"void {name}(void **bufs, const long long *vals)"
+        return f"{_HEADER}{signature} {{\n" + "\n".join(prologue) + f"\n{body}\n}}\n"
 
 
 def probe_kernel() -> tuple[str, str]:
@@ -387,4 +390,4 @@ def probe_kernel() -> tuple[str, str]:
         "h = tg_f2h(x); x = tg_h2f(h); h = tg_f2bf(x); x = tg_bf2f(h);",
     ]
     body = "\n".join("  " + line for line in calls)
-    return name, f"{_HEADER}void {name}(void **bufs, const int *vals) {{\n{body}\n}}\n"
+    return name, f"{_HEADER}void {name}(void **bufs, const long long *vals) {{\n{body}\n}}\n"

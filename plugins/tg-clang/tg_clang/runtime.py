@@ -14,13 +14,13 @@ from tgcore.renderer.scratch import process_folder
 
 
 class ClangProgram:
-    """One kernel of a shared object: `void name(void **bufs, const int *vals)`."""
+    """One kernel of a shared object: `void name(void **bufs, const long long *vals)`."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         self.device, self.name = device, name
         self.ffi = FFI()
         # the buffers as integers: the same ABI as void**, and cheaper to build than void* cdata
-        self.ffi.cdef(f"void {name}(uintptr_t *bufs, const int *vals);")
+        self.ffi.cdef(f"void {name}(uintptr_t *bufs, const long long *vals);")
         # dlopen needs a file: it is written in this process's own folder (tgcore/renderer/scratch.py), which a later
         # process removes should this one be killed before the unlink
         fd, path = tempfile.mkstemp(prefix="kernel-", suffix=".so", dir=process_folder())
@@ -31,7 +31,8 @@ class ClangProgram:
         finally:
             os.unlink(path)  # the loaded library stays mapped
         self.fxn = getattr(self.lib, name)
-        self._ptrs, self._ints = self.ffi.typeof("uintptr_t[]"), self.ffi.typeof("int[]")
+        # the variables as 64-bit ints: a thread's bounds of a kernel past 2^31 - 1 iterations do not fit an int
+        self._ptrs, self._ints = self.ffi.typeof("uintptr_t[]"), self.ffi.typeof("long long[]")
         self._no_ints = self.ffi.new(self._ints, 1)
         # argument arrays by buffer addresses: the addresses are the whole content, so a hit is always right
         self._ptr_arrays: dict[tuple[int, ...], Any] = {}

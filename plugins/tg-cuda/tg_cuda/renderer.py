@@ -207,16 +207,20 @@ class CUDARenderer(CStyleLanguage):
         def emit(line: str) -> None:
             body.append("  " * depth + line)
 
+        # a flat kernel's thread index, in the kernel's index dtype: the unsigned int product wraps at 2^32
+        wide = first is not None and first.dtype == dtypes.int64
+        flat_id = "(long long)blockIdx.x*blockDim.x+threadIdx.x" if wide else "blockIdx.x*blockDim.x+threadIdx.x"
+
         def workitem(u: UOp) -> str:
             dim, kind = u.arg[0], u.arg[1][0]
             if kind == "l":
                 return f"threadIdx.{_DIMS[dim]}"
             if dim == 0 and flat_size is not None:
-                return "blockIdx.x*blockDim.x+threadIdx.x"
+                return flat_id
             return f"blockIdx.{_DIMS[dim]}"
 
         if flat_size is not None:  # the last block runs past the global size
-            emit(f"if (blockIdx.x*blockDim.x+threadIdx.x >= {flat_size}u) return;")
+            emit(f"if ({flat_id} >= {flat_size}{'ll' if wide else 'u'}) return;")
         # __shared__ arrays first, at the kernel's outermost scope
         ordered = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
         for u in ordered:
@@ -228,8 +232,9 @@ class CUDARenderer(CStyleLanguage):
                 const = "" if u.arg[2] else "const "
                 buffers.append(f"{const}{self.render_dtype(dt)}*{self.buffer_suffix} {u.arg[1]}")
             elif u.op is UOps.DEFINE_VAR:
+                assert dt is not None
                 names[id(u)] = u.arg[0]
-                scalars.append(f"const int {u.arg[0]}")
+                scalars.append(self.render_scalar_arg(u.arg[0], dt))
             elif u.op is UOps.DEFINE_LOCAL:
                 assert dt is not None
                 names[id(u)] = u.arg[0]
@@ -239,10 +244,12 @@ class CUDARenderer(CStyleLanguage):
                 names[id(u)] = self.render_const(u.arg, dt)
             elif u.op is UOps.SPECIAL:
                 names[id(u)] = u.arg[1]
-                emit(f"int {u.arg[1]} = {workitem(u)}; /* {u.arg[2]} */")
+                assert dt is not None
+                emit(f"{self.render_dtype(dt)} {u.arg[1]} = {workitem(u)}; /* {u.arg[2]} */")
             elif u.op is UOps.RANGE:
                 n = names[id(u)] = fresh("ridx" if u.arg[1] else "loop")
-                emit(f"for (int {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
+                assert dt is not None
+                emit(f"for ({self.render_dtype(dt)} {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
                 depth += 1
             elif u.op in (UOps.ENDRANGE, UOps.ENDIF):
                 depth -= 1

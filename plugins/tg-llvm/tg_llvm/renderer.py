@@ -1,4 +1,5 @@
-"""Renders the UOp IR straight to LLVM IR text: one function `void @name(ptr %bufs, ptr %vals)` per kernel.
+"""Renders the UOp IR straight to LLVM IR text: one function `void @name(ptr %bufs, ptr %vals)` per kernel (vals: the
+variables as 64-bit ints, whatever their dtype).
 
 Every dtype keeps a register type and a memory type. bool is `i1` in registers and a byte in memory, as numpy
 stores it. float16 is `half`, but its arithmetic is computed in `float` and rounded back after every operation
@@ -324,8 +325,8 @@ class _FunctionWriter:
             return self.helper("tg_bf16_round", "float", "float", x)
         return x
 
-    def load(self, buf: str, idx: str, dt: DType) -> str:
-        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, i32 {idx}")
+    def load(self, buf: str, idx: str, dt: DType, idx_ty: str = "i32") -> str:
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, {idx_ty} {idx}")
         raw = self.emit(f"load {mem_type(dt)}, ptr {ptr}, align {dt.scalar().itemsize}")  # a vector: n from there
         if dt == dtypes.bool:
             return self.emit(f"icmp ne i8 {raw}, 0")
@@ -334,8 +335,8 @@ class _FunctionWriter:
             return self.emit(f"bitcast i32 {self.emit(f'shl i32 {wide}, 16')} to float")
         return raw
 
-    def store(self, buf: str, idx: str, value: str, dt: DType) -> None:
-        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, i32 {idx}")
+    def store(self, buf: str, idx: str, value: str, dt: DType, idx_ty: str = "i32") -> None:
+        ptr = self.emit(f"getelementptr inbounds {mem_type(dt.scalar())}, ptr {buf}, {idx_ty} {idx}")
         if dt == dtypes.bool:
             value = self.emit(f"zext i1 {value} to i8")
         elif dt == dtypes.bfloat16:  # the register already holds a bfloat16 value: keep its upper half
@@ -558,8 +559,10 @@ class _FunctionWriter:
                 name = self.values[id(u)] = "%" + self.fresh("buf")
                 self.params.append(("ptr", name, f"getelementptr inbounds ptr, ptr %bufs, i32 {u.arg[0]}"))
             elif u.op is UOps.DEFINE_VAR:
+                assert dt is not None
                 name = self.values[id(u)] = "%" + self.fresh("var")
-                self.params.append(("i32", name, f"getelementptr inbounds i32, ptr %vals, i32 {n_vars}"))
+                # vals holds 64-bit ints (an int32 variable is their low half): see module()
+                self.params.append((reg_type(dt), name, f"getelementptr inbounds i64, ptr %vals, i32 {n_vars}"))
                 n_vars += 1
             elif u.op is UOps.DEFINE_LOCAL:
                 assert isinstance(dt, PtrDType)
@@ -581,21 +584,23 @@ class _FunctionWriter:
                 new = self.value(u.src[1])
                 self.line(f"store {reg_type(dt)} {new}, ptr {self.slots[id(u.src[0])]}")
             elif u.op is UOps.RANGE:
-                start, end = self.value(u.src[0]), self.value(u.src[1])
+                assert dt is not None
+                start, end, ity = self.value(u.src[0]), self.value(u.src[1]), reg_type(dt)
                 header, body, exit_ = self.fresh("loop"), self.fresh("body"), self.fresh("exit")
                 before = self.block
                 self.line(f"br label %{header}")
                 self.label(header)
                 var = "%" + self.fresh("ridx")
-                self.body.append(f"  {var} = phi i32 [ {start}, %{before} ]")  # the back edge is added at ENDRANGE
+                self.body.append(f"  {var} = phi {ity} [ {start}, %{before} ]")  # the back edge is added at ENDRANGE
                 loops[id(u)] = (header, exit_, len(self.body) - 1, var, self.library_calls)
                 self.values[id(u)] = var
-                cond = self.emit(f"icmp slt i32 {var}, {end}")
+                cond = self.emit(f"icmp slt {ity} {var}, {end}")
                 self.line(f"br i1 {cond}, label %{body}, label %{exit_}")
                 self.label(body)
             elif u.op is UOps.ENDRANGE:
                 header, exit_, phi_line, var, calls_before = loops[id(u.src[0])]
-                step = self.emit(f"add nsw i32 {var}, 1")  # var < end <= INT_MAX: no overflow
+                ity = reg_type(u.src[0].dtype)  # type: ignore[arg-type]
+                step = self.emit(f"add nsw {ity} {var}, 1")  # var < end <= the index type's max: no overflow
                 self.body[phi_line] += f", [ {step}, %{self.block} ]"
                 # a loop that calls the C library is not unrolled: the calls cost the same either way (measured),
                 # and unrolled copies of them double the code LLVM has to generate
@@ -632,36 +637,38 @@ class _FunctionWriter:
             elif u.op is UOps.LOAD:
                 assert dt is not None
                 buf, idx = self.value(u.src[0]), self.value(u.src[1])
+                ity = reg_type(u.src[1].dtype)  # type: ignore[arg-type]
                 if len(u.src) == 4:  # gated: the load must not run when the gate is false (its index may be wild)
                     gate, alt = self.value(u.src[2]), self.value(u.src[3])
                     before, load_block, merge = self.block, self.fresh("load"), self.fresh("loaded")
                     self.line(f"br i1 {gate}, label %{load_block}, label %{merge}")
                     self.label(load_block)
-                    got = self.load(buf, idx, dt)
+                    got = self.load(buf, idx, dt, ity)
                     self.line(f"br label %{merge}")
                     self.label(merge)
                     out = self.emit(f"phi {reg_type(dt)} [ {got}, %{load_block} ], [ {alt}, %{before} ]")
                     self.values[id(u)] = out
                 else:
-                    self.values[id(u)] = self.load(buf, idx, dt)
+                    self.values[id(u)] = self.load(buf, idx, dt, ity)
             elif u.op is UOps.STORE:
                 value_dt = u.src[0].dtype
                 assert isinstance(value_dt, PtrDType)
                 buf, idx, value = (self.value(s) for s in u.src[:3])
+                ity = reg_type(u.src[1].dtype)  # type: ignore[arg-type]
                 stored = u.src[2].dtype or value_dt.base
                 if stored.count > 1:  # a vector: its lanes to consecutive elements (never gated)
-                    self.store(buf, idx, value, stored)
+                    self.store(buf, idx, value, stored, ity)
                     continue
                 value = self.cast(value, stored, value_dt.base)
                 if len(u.src) == 4:
                     gate, store_block, after = self.value(u.src[3]), self.fresh("store"), self.fresh("stored")
                     self.line(f"br i1 {gate}, label %{store_block}, label %{after}")
                     self.label(store_block)
-                    self.store(buf, idx, value, value_dt.base)
+                    self.store(buf, idx, value, value_dt.base, ity)
                     self.line(f"br label %{after}")
                     self.label(after)
                 else:
-                    self.store(buf, idx, value, value_dt.base)
+                    self.store(buf, idx, value, value_dt.base, ity)
             elif u.op is UOps.ALU:
                 assert dt is not None
                 srcs = [self.value(s) for s in u.src]
@@ -690,7 +697,11 @@ class _FunctionWriter:
         entry = [f'define void @"{self.name}"(ptr %bufs, ptr %vals) nounwind {{', "entry:"]
         args = []
         for i, (ty, _, address) in enumerate(self.params):
-            entry += [f"  %p{i} = {address}", f"  %a{i} = load {ty}, ptr %p{i}, align {8 if ty == 'ptr' else 4}"]
+            entry.append(f"  %p{i} = {address}")
+            if ty == "ptr" or ty == "i64":
+                entry.append(f"  %a{i} = load {ty}, ptr %p{i}, align 8")
+            else:  # an int32 variable: the low half of its 64-bit val
+                entry += [f"  %w{i} = load i64, ptr %p{i}, align 8", f"  %a{i} = trunc i64 %w{i} to {ty}"]
             args.append(f"{ty} %a{i}")
         entry += [f"  call void @{body_name}({', '.join(args)})", "  ret void", "}"]
         helpers = [_HELPERS[h] for h in sorted(self.helpers)]

@@ -99,7 +99,7 @@ def _load_shared(lib: bytes, symbol: str) -> tuple[_Engine, int]:
 
 
 class LLVMProgram:
-    """One kernel, `void name(void **bufs, const int *vals)`, from object code loaded by MCJIT. Objects from
+    """One kernel, `void name(void **bufs, const long long *vals)`, from object code loaded by MCJIT. Objects from
     LLVMCompiler export the kernel as `name.<digest of its source>` (compiler.unique_symbol), so many of them
     share an engine; an object that exports `name` itself (kernel names repeat across kernels) or is not ELF
     gets an engine of its own."""
@@ -127,7 +127,7 @@ class LLVMProgram:
             raise RuntimeError(f"the object code has no function {name!r}")
         self.symbol = symbol
         self.fxn = _KERNEL(address)
-        self._no_ints = (ctypes.c_int * 1)()
+        self._no_ints = (ctypes.c_int64 * 1)()
         # argument arrays by buffer addresses: the addresses are the whole content, so a hit is always right (a loop or
         # a TinyJit replay runs on the same buffers again: 4.2-4.6 -> 3.2-3.8 us per tiny op replayed)
         self._ptr_arrays: dict[tuple[int, ...], Any] = {}
@@ -145,7 +145,9 @@ class LLVMProgram:
             if len(self._ptr_arrays) >= 64:
                 self._ptr_arrays.clear()
             ptrs = self._ptr_arrays[addresses] = (ctypes.c_void_p * max(len(bufs), 1))(*addresses)
-        ints = (ctypes.c_int * len(vals))(*vals) if vals else self._no_ints
+        # 64-bit: a thread's loop bounds of a kernel past 2^31 - 1 iterations do not fit a C int (which ctypes would
+        # wrap without a word)
+        ints = (ctypes.c_int64 * len(vals))(*vals) if vals else self._no_ints
         if not wait:
             self.fxn(ptrs, ints)
             return None

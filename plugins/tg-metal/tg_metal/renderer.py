@@ -189,7 +189,7 @@ class MetalRenderer(CStyleLanguage):
             if isinstance(dt, PtrDType):
                 args.append(f"{'' if writable else 'const '}device {self.render_dtype(dt)}* {n}")
             else:
-                args.append(f"{self.arg_int_prefix} {n}")
+                args.append(self.render_scalar_arg(n, dt))
             args[-1] += f" [[buffer({self.bindings[n]})]]"
         if self.grouped:
             args += ["uint3 gid [[threadgroup_position_in_grid]]", "uint3 lid [[thread_position_in_threadgroup]]"]

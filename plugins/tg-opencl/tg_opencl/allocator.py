@@ -51,6 +51,13 @@ class OpenCLAllocator(LRUAllocator):
             return cl.Buffer(self.platform.context, flags, max(size, 1))
         except cl.MemoryError as e:  # the LRU cache frees what it holds and tries again on MemoryError
             raise MemoryError(f"OpenCL could not allocate {size} bytes: {e}") from e
+        except cl.Error as e:
+            if e.code != cl.status_code.INVALID_BUFFER_SIZE:
+                raise
+            largest = self.platform.devices[self.index].max_mem_alloc_size
+            raise MemoryError(
+                f"OpenCL cannot make a buffer of {size} bytes: the largest one this device allocates is {largest} bytes"
+            ) from e
 
     def _free(self, opaque: Any, options: Any) -> None:
         opaque.release()

@@ -240,7 +240,7 @@ class OpenCLRenderer(CStyleLanguage):
         args = [
             f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}* restrict {n}"
             if isinstance(dt, PtrDType)
-            else f"{self.arg_int_prefix} {n}"
+            else self.render_scalar_arg(n, dt)
             for n, dt, writable in bufs
         ]
         body = "\n".join("  " + line for line in kernel)
