@@ -230,3 +230,14 @@ def test_allocation_recovers_after_memory_ran_out(huge_pages: str) -> None:
     assert report["cached"] == 1  # the freed buffer waited in the cache ...
     assert report["big_tail"] == [1, 2, 3, 4]  # ... and was given back for an allocation that needed its memory
     assert report["after"] == [0, 2, 4, 6, 8, 10]
+
+
+def test_a_split_sum_of_a_cast_reads_its_input_in_place(free_python_cache: None) -> None:
+    """A sum of everything runs in two stages over a count padded to whole parts; the cast (uint8 -> uint32) below it
+    is computed inline where the pad reads nothing, not first into a buffer four times the input's size."""
+    n = 7 * 1000003  # no number of parts divides it: the first stage reads past the end, masked
+    x = Tensor.ones(n, dtype=dtypes.uint8, device="PYTHON").contiguous().realize()
+    total = x.sum()
+    sizes = [b.nbytes for si in total.schedule() for b in si.bufs if b is not x.lazydata.base.buffer]
+    assert max(sizes) < 4096, sizes  # only the stages' small outputs are made
+    assert total.dtype == dtypes.uint32 and total.item() == n

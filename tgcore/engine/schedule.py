@@ -71,12 +71,11 @@ class ScheduleItem:
 _buffer, _base_buffer = attrgetter("buffer"), attrgetter("base.buffer")
 
 
-def _broadcasts(st: ShapeTracker, base_size: Any) -> bool:
-    """Whether reading through `st` visits some element more than once: a stride-0 axis of size > 1, or more
-    elements read than the base holds."""
-    if st.broadcasts():
-        return True
-    return isinstance(st.size, int) and isinstance(base_size, int) and st.size > base_size
+def _broadcasts(st: ShapeTracker) -> bool:
+    """Whether reading through `st` may visit some element more than once: a stride-0 axis of size > 1 in any of its
+    views (of the movement ops only an expand revisits elements; a pad reads more elements than the base holds, but
+    each real one once, and its reads of nothing are settled by `_pad_safe`)."""
+    return any(stride == 0 and size != 1 for v in st.views for size, stride in zip(v.shape, v.strides))
 
 
 class _Graph:
@@ -138,7 +137,7 @@ class _Graph:
                     self.realizes[sb] = None
                 elif any(v.mask is not None for v in src.st.views):
                     self.masked_reads.append(sb)
-                if isinstance(sb.op, _ELEMENTWISE) and _broadcasts(src.st, sb.size):
+                if isinstance(sb.op, _ELEMENTWISE) and _broadcasts(src.st):
                     self.expanded_reads.append((sb, b))
             if sb not in self.seen:
                 self._enter(sb)
