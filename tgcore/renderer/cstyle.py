@@ -306,13 +306,13 @@ class CStyleLanguage(Renderer):
         w = [self.render_as_unsigned(s, dt) for s in srcs]
         if op in _WRAPPING:
             return self.render_as_signed(f"{w[0]}{_WRAPPING[op]}{w[1]}", dt)
-        if op is UnaryOps.NEG:
-            return self.render_as_signed(f"{self.render_as_unsigned('0', dt)}-{w[0]}", dt)
+        if op is UnaryOps.NEG:  # 0 converts to the unsigned type
+            return self.render_as_signed(f"0-{w[0]}", dt)
         if op is TernaryOps.MULACC:
             return self.render_as_signed(f"{w[0]}*{w[1]}+{w[2]}", dt)
         if op is BinaryOps.DIV:  # x / -1 is a negation, which wraps at the minimum
             a, b = srcs
-            neg = self.render_as_signed(f"{self.render_as_unsigned('0', dt)}-{w[0]}", dt)
+            neg = self.render_as_signed(f"0-{w[0]}", dt)
             return f"(({b})==0?0:(({b})==-1?{neg}:({a}/{b})))"
         return None
 
