@@ -6,7 +6,8 @@ overflow is undefined in OpenCL C as in C: the base's wrap_signed, spelled with 
 arithmetic, which cannot overflow and is left plain so the compiler can optimize addressing; `#pragma OPENCL
 FP_CONTRACT OFF` stops `a*b+c` from becoming one fused rounding, and half computes `/` and the transcendental
 functions in float. bool buffers are `uchar` (OpenCL C allows no bool in kernel arguments); a bool value in the
-body is a `bool`. bfloat16 (which OpenCL C lacks) is `ushort` in memory and a `float` in the body, rounded to nearest even after every op (exact for + - * / and sqrt).
+body is a `bool`. bfloat16 (which OpenCL C lacks) is `ushort` in memory and a `float` in the body, rounded to
+nearest even after every op (exact for + - * / and sqrt).
 
 A kernel with no local index, local memory or barrier takes its global index from `get_global_id` and lets the
 driver choose the work-group size. One that has them (a grouped KernelLaunch) takes `get_group_id` / `get_local_id`
