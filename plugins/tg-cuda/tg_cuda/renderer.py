@@ -14,8 +14,9 @@ which is exact for + - * / (float has more than 2p+2 bits); a MULACC rounds `a*b
 Launching (the base's launch hooks). A kernel whose only launch indices are global (what the linearizer emits) is
 "flat": its `gidx0` is `blockIdx.x*blockDim.x+threadIdx.x`, guarded by the global size, and the runtime launches it
 in blocks of up to FLAT_THREADS threads; `gidx1`, `gidx2` are `blockIdx.y`, `blockIdx.z`. A kernel with local
-indices (`lidx`), `__shared__` memory or barriers is launched as given: `gidx` is `blockIdx`, `lidx` is `threadIdx`, the grid is
-`global_size` and the block `local_size`. The first source line tells the runtime which (see `LAUNCH_FLAT`).
+indices (`lidx`), `__shared__` memory or barriers is launched as given: `gidx` is `blockIdx`, `lidx` is `threadIdx`,
+the grid is `global_size` and the block `local_size`. The first source line tells the runtime which (see
+`LAUNCH_FLAT`).
 
 Vector dtypes (`dtypes.float32.vec(4)`, ...) are structs `tg_<dtype>x<N>` of N lanes in `.v[]`, aligned to their
 size up to 16 bytes: a vector LOAD / STORE is one wide memory access, and ALU ops, CAST and CONST on vectors work
