@@ -94,8 +94,8 @@ class CStyleLanguage(Renderer):
     # arithmetic, which cannot overflow (codegen.uops.plain_index_ops), stays plain so that the compiler folds it
     # into addresses. False for a dialect whose compiler is told that ints wrap (-fwrapv)
     wrap_signed: bool = True
-    # vector dtypes that are aggregates (structs, Metal's vectors) rather than types with arithmetic: ALU ops on them
-    # are spelled lane by lane (render_lane, render_vectorize)
+    # vector dtypes whose ALU ops are spelled lane by lane (render_lanes: render_lane, render_vectorize): structs
+    # (CUDA's), or vectors whose ops would not keep numpy's semantics as they are (Metal's)
     lanewise_vectors: bool = False
     # the float type transcendental ops of half / bfloat16 compute in
     float_compute: dict[DType, DType] = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32}
@@ -210,8 +210,8 @@ class CStyleLanguage(Renderer):
             base, const = names[id(idx.src[0])], names[id(idx.src[1])]
         else:
             base, const = names[id(idx)], "0"
-        if dt is not None and dt.count > 1 and (self.vector_uops or self.lanewise_vectors):  # n scalars from a scalar
-            return f"*({self.render_dtype(dt)}*)({buf}+{base}+{const})"  # buffer
+        if dt is not None and dt.count > 1 and self.vector_uops:  # n scalars from a scalar buffer
+            return f"*({self.render_dtype(dt)}*)({buf}+{base}+{const})"
         return f"({buf}+{base})[{const}]" if const != "0" else f"{buf}[{base}]"
 
     def render_scalar_arg(self, name: str, dt: DType) -> str:
@@ -300,7 +300,7 @@ class CStyleLanguage(Renderer):
         scalar = dt.scalar()
         if scalar == dtypes.uint16 and op in (BinaryOps.MUL, TernaryOps.MULACC):
             w = [f"({self.render_dtype(dtypes.uint32)})({s})" for s in srcs]
-            return f"({w[0]}*{w[1]})" if op is BinaryOps.MUL else f"({w[0]}*{w[1]}+{w[2]})"
+            return f"(({self.render_dtype(dt)})({w[0]}*{w[1]}{'' if op is BinaryOps.MUL else '+' + w[2]}))"
         if scalar not in (dtypes.int32, dtypes.int64):
             return None
         w = [self.render_as_unsigned(s, dt) for s in srcs]
@@ -487,15 +487,7 @@ class CStyleLanguage(Renderer):
                 assert dt is not None
                 assert u.src[0].dtype is not None
                 n = names[id(u)] = fresh("cast")
-                src_dt = u.src[0].dtype
-                if self.lanewise_vectors and dt.count > 1:
-                    lanes = [self.render_lane(s[0], i, src_dt) if src_dt.count > 1 else s[0] for i in range(dt.count)]
-                    conv = self.render_vectorize(
-                        dt, [self.render_conversion(x, src_dt.scalar(), dt.scalar()) for x in lanes]
-                    )
-                else:
-                    conv = self.render_conversion(s[0], src_dt, dt)
-                emit(f"{self.render_dtype(dt)} {n} = {conv};")
+                emit(f"{self.render_dtype(dt)} {n} = {self.render_conversion(s[0], u.src[0].dtype, dt)};")
             elif u.op is UOps.BITCAST:
                 assert dt is not None and u.src[0].dtype is not None
                 n = names[id(u)] = fresh("bitcast")

@@ -152,6 +152,12 @@ class CUDARenderer(CStyleLanguage):
     def render_vectorize(self, dt: DType, lanes: list[str]) -> str:
         return f"{self.render_dtype(dt)}{{{', '.join(lanes)}}}"
 
+    def render_conversion(self, x: str, src_dt: DType, dt: DType) -> str:
+        if dt.count > 1:  # lane by lane
+            lanes = [self.render_lane(x, i, src_dt) if src_dt.count > 1 else x for i in range(dt.count)]
+            return self.render_vectorize(dt, [self.render_cast(lane, dt.scalar()) for lane in lanes])
+        return super().render_conversion(x, src_dt, dt)
+
     def render_access(
         self, buf: str, idx: UOp, names: dict[int, str], dt: Optional[DType] = None, store: bool = False
     ) -> str:
