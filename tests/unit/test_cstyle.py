@@ -265,3 +265,32 @@ def test_launch_hooks(local: Optional[int]) -> None:
         assert "__kernel __bounds(1,8,1) void kern(" in src and "= group_id(0);" in src and "= local_id(1);" in src
         assert "/* 2 indices, 8 threads */" in src
         assert "= (gidx0*8);" in src and "= (alu0+lidx1);" in src  # index arithmetic is plain (no wrapping)
+
+
+def _linearized(t: Any, inputs: dict[int, np.ndarray]) -> tuple[Any, list[np.ndarray]]:
+    """The ProgramSpec that the core's optimizer and linearizer make of `t`'s last kernel for PlainC, and the arrays
+    of its buffers (output first, then each input by the id of its realized tensor's base in `inputs`)."""
+    from tgcore.codegen.kernel import Kernel
+
+    si = t.schedule()[-1]
+    spec = Kernel(si.ast, PlainC()).to_program()
+    out = np.zeros(si.outputs[0].shape, np.dtype(si.outputs[0].dtype.np))
+    return spec, [out, *(inputs[id(lb)] for lb in si.inputs)]
+
+
+@pytest.mark.parametrize("cc", COMPILERS)
+def test_kernels_of_the_core_build_and_agree_with_numpy(tmp_path: Any, cc: str) -> None:
+    """Kernels the optimizer and linearizer make (loops, a reduce, upcasts) render with the bare base and compute
+    numpy's results: a matmul with a max, and exp2 of a sum."""
+    from tgcore import Tensor
+
+    rng = np.random.default_rng(1)
+    xa, xb = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 4)).astype(np.float32)
+    a, b = Tensor(xa).realize(), Tensor(xb).realize()
+    arrays = {id(a.lazydata.base): xa, id(b.lazydata.base): xb}
+    cases = [((a @ b).maximum(0.5), np.maximum(xa @ xb, 0.5)), ((a * 0.5).sum(1).exp2(), np.exp2((xa * 0.5).sum(1)))]
+    for t, want in cases:
+        spec, bufs = _linearized(t, arrays)
+        fn = build(spec.src, spec.name, tmp_path, cc)
+        fn(*[x.ctypes.data_as(ctypes.c_void_p) for x in bufs])
+        np.testing.assert_allclose(bufs[0], want, rtol=1e-5, atol=1e-5)
