@@ -13,7 +13,7 @@ from tg_clang.toolchain import Toolchain
 from tgcore.device import CompileError
 from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage
+from tgcore.renderer.cstyle import CStyleLanguage, KernelLaunch
 
 # float32 exp2 in plain C arithmetic (scalar and GCC/clang vector versions, the same operations so that both give
 # the same bits): 2^x = 2^n * 2^f with n = round(x) and f in [-0.5, 0.5]; 2^f a degree-6 polynomial (relative
@@ -237,11 +237,20 @@ class ClangRenderer(CStyleLanguage):
     type_map = {
         dtypes.bool: "_Bool",
         dtypes.int8: "signed char",  # plain char is unsigned on some ABIs (ARM)
-        dtypes.float16: "float",  # in registers; in memory the 16 bits (memory_type)
-        dtypes.bfloat16: "float",
+        dtypes.uint8: "unsigned char",
+        dtypes.int16: "short",
+        dtypes.uint16: "unsigned short",
+        dtypes.int32: "int",
+        dtypes.uint32: "unsigned int",
         dtypes.int64: "long long",
         dtypes.uint64: "unsigned long long",
+        dtypes.float16: "float",  # in registers; in memory the 16 bits (memory_type)
+        dtypes.bfloat16: "float",
+        dtypes.float32: "float",
+        dtypes.float64: "double",
     }
+    prelude = (_HEADER.rstrip("\n"),)  # instead of the base's includes
+    wrap_signed = False  # the kernels are built with -fwrapv: signed + - * wrap as they are
     vector_uops = True
     threads = True  # the core splits a big kernel's outermost loop across the host's cores
     pointer_offsets = True  # the kernels are built with -fwrapv
@@ -352,7 +361,7 @@ class ClangRenderer(CStyleLanguage):
         return super().render_math(fn, x, dt)
 
     def render_kernel(
-        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
+        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], launch: KernelLaunch
     ) -> str:
         prologue, n_buf, n_var = [], 0, 0
         for n, dt, writable in bufs:
@@ -366,7 +375,7 @@ class ClangRenderer(CStyleLanguage):
                 n_var += 1
         body = "\n".join("  " + line for line in kernel)
         signature = f"void {name}(void **bufs, const long long *vals)"
-        return f"{_HEADER}{signature} {{\n" + "\n".join(prologue) + f"\n{body}\n}}\n"
+        return f"{signature} {{\n" + "\n".join(prologue) + f"\n{body}\n}}"
 
 
 def probe_kernel() -> tuple[str, str]:

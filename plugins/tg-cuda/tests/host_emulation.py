@@ -59,7 +59,7 @@ CXXFLAGS = [
     "-fsanitize=undefined",
     "-fno-sanitize-recover=undefined",
 ]
-_SIGNATURE = re.compile(r'^extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\((.*)\) \{$', re.M)
+_SIGNATURE = re.compile(r'^extern "C" __global__ (?:__launch_bounds__\(\d+\) )?void (\w+)\((.*)\) \{$', re.M)
 
 
 def launcher(src: str) -> str:

@@ -255,7 +255,7 @@ def test_ptxas_older_than_nvrtc_is_not_used(monkeypatch: pytest.MonkeyPatch, tmp
 def test_flat_kernel_guards_and_declares_launch_bounds() -> None:
     src = CUDARenderer().render("k", elementwise(BinaryOps.ADD, dtypes.float32, 1000))
     assert src.startswith(LAUNCH_FLAT + "\n")
-    assert "__launch_bounds__(256) k(float* __restrict__ data0, const float* __restrict__ data1" in src
+    assert "__launch_bounds__(256) void k(float* __restrict__ data0, const float* __restrict__ data1" in src
     assert "if (blockIdx.x*blockDim.x+threadIdx.x >= 1000u) return;" in src
     assert "int gidx0 = blockIdx.x*blockDim.x+threadIdx.x;" in src
 
@@ -289,7 +289,7 @@ def grouped_kernel() -> list[UOp]:
 def test_grouped_kernel_with_shared_memory_and_barrier(compiler: CUDACompiler) -> None:
     src = CUDARenderer().render("k_group", grouped_kernel())
     assert not src.startswith(LAUNCH_FLAT)
-    assert "__launch_bounds__(16) k_group(" in src
+    assert "__launch_bounds__(16) void k_group(" in src
     body = src.split("{", 1)[1].splitlines()
     assert body[1].strip() == "__shared__ float temp[16];"  # hoisted to the kernel's scope
     assert "int gidx0 = blockIdx.x;" in src and "int lidx0 = threadIdx.x;" in src and "__syncthreads();" in src

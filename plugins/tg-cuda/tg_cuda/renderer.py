@@ -1,21 +1,22 @@
 """The CUDA C++ dialect of the C-family renderer.
 
 Kernels are `extern "C" __global__` functions. What CUDA C++ would compute differently from numpy is spelled so
-that it agrees: signed `+ - *` and negation of int and long long are done on the unsigned type (signed overflow is
-undefined in C++) except in index arithmetic, which is left plain so the compiler can fold addresses; unsigned
-short products are taken as unsigned int (they would be promoted to int and could overflow); the compiler gets
-`-fmad=false`, so `a*b+c` is rounded twice. Consts are rounded to their dtype in Python, exactly.
+that it agrees (the base's spellings): signed `+ - *` and negation of int and long long are done on the unsigned type
+(signed overflow is undefined in C++) except in index arithmetic, which is left plain so the compiler can fold
+addresses; unsigned short products are taken as unsigned int (they would be promoted to int and could overflow);
+the compiler gets `-fmad=false`, so `a*b+c` is rounded twice. Consts are rounded to their dtype in Python, exactly.
 
 half and bfloat16 need no CUDA header: the source declares `tg_half` and `tg_bf16`, 16-bit structs that convert
 to and from float (half with the PTX `cvt.rn` instructions, bfloat16 by rounding to nearest even in integer
 arithmetic, as `tgcore.dtype.bf16_round` does). Arithmetic on them happens in float and rounds back once per op,
 which is exact for + - * / (float has more than 2p+2 bits); a MULACC rounds `a*b` before it adds.
 
-Launching. A kernel whose only launch indices are global (what the linearizer emits) is "flat": its `gidx0` is
-`blockIdx.x*blockDim.x+threadIdx.x`, guarded by the global size, and the runtime launches it in blocks of up to
-FLAT_THREADS threads; `gidx1`, `gidx2` are `blockIdx.y`, `blockIdx.z`. A kernel with local indices (`lidx`),
-`__shared__` memory or barriers is launched as given: `gidx` is `blockIdx`, `lidx` is `threadIdx`, the grid is
-`global_size` and the block `local_size`. The first source line tells the runtime which (see `LAUNCH_FLAT`).
+Launching (the base's launch hooks). A kernel whose only launch indices are global (what the linearizer emits) is
+"flat": its `gidx0` is `blockIdx.x*blockDim.x+threadIdx.x`, guarded by the global size, and the runtime launches it
+in blocks of up to FLAT_THREADS threads; `gidx1`, `gidx2` are `blockIdx.y`, `blockIdx.z`. A kernel with local
+indices (`lidx`), `__shared__` memory or barriers is launched as given: `gidx` is `blockIdx`, `lidx` is `threadIdx`,
+the grid is `global_size` and the block `local_size`. The first source line tells the runtime which (see
+`LAUNCH_FLAT`).
 
 Vector dtypes (`dtypes.float32.vec(4)`, ...) are structs `tg_<dtype>x<N>` of N lanes in `.v[]`, aligned to their
 size up to 16 bytes: a vector LOAD / STORE is one wide memory access, and ALU ops, CAST and CONST on vectors work
@@ -29,15 +30,13 @@ from typing import Optional
 
 import numpy as np
 
-from tgcore.codegen.uops import UOp, UOps, plain_index_ops
+from tgcore.codegen.uops import UOp, UOps
 from tgcore.dtype import DType, PtrDType, dtypes
-from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage
+from tgcore.renderer.cstyle import CStyleLanguage, KernelLaunch
 
 FLAT_THREADS = 256  # the most threads per block of a flat kernel (its __launch_bounds__)
 LAUNCH_FLAT = "// tg-cuda launch: flat"  # first line of a flat kernel's source, copied into its PTX
 _DIMS = "xyz"
-_WRAPPED = {dtypes.int32: "unsigned int", dtypes.int64: "unsigned long long"}  # signed types computed unsigned
 
 _HALF = """struct tg_half {  // IEEE binary16 storage; arithmetic converts to float
   unsigned short bits;
@@ -95,6 +94,7 @@ class CUDARenderer(CStyleLanguage):
     has_shared = True
     shared_max = 48 * 1024  # static __shared__ memory per block
     supports_float4 = True
+    lanewise_vectors = True  # vectors are structs: ALU ops and CASTs lane by lane
     type_map = {
         dtypes.bool: "bool",
         dtypes.int8: "signed char",
@@ -125,8 +125,7 @@ class CUDARenderer(CStyleLanguage):
 
     def render_const(self, val: object, dt: DType) -> str:
         if dt.count > 1:
-            lane = self.render_const(val, dt.scalar())
-            return f"{self.render_dtype(dt)}{{{', '.join([lane] * dt.count)}}}"
+            return self.render_vectorize(dt, [self.render_const(val, dt.scalar())] * dt.count)
         if dt == dtypes.bool:
             return "true" if val else "false"
         if dt == dtypes.float64 and not math.isfinite(float(val)):  # type: ignore[arg-type]
@@ -145,190 +144,67 @@ class CUDARenderer(CStyleLanguage):
         t = self.render_dtype(dt)
         return [f"{t} {name} = tg_bitcast<{t}>({x});"]
 
-    # ***** ops *****
+    # ***** vectors: structs of lanes in .v[] *****
 
-    def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
-        scalar = src_dt.scalar()
-        if scalar in _WRAPPED:  # signed overflow is undefined in C++: compute on the unsigned type, which wraps
-            t, u = self.type_map[scalar], _WRAPPED[scalar]
-            w = [f"({u})({s})" for s in srcs]
-            if op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL):
-                sign = {BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*"}[op]
-                return f"(({t})({w[0]}{sign}{w[1]}))"
-            if op is UnaryOps.NEG:
-                return f"(({t})(0-{w[0]}))"
-            if op is TernaryOps.MULACC:
-                return f"(({t})({w[0]}*{w[1]}+{w[2]}))"
-            if op is BinaryOps.DIV:  # x / -1 is a negation, which wraps at the minimum
-                a, b = srcs
-                return f"(({b})==0?0:(({b})==-1?(({t})(0-{w[0]})):({a}/{b})))"
-        if scalar == dtypes.uint16 and op in (BinaryOps.MUL, TernaryOps.MULACC):  # promoted to int, 65535^2 overflows
-            w = [f"(unsigned int)({s})" for s in srcs]
-            return f"({w[0]}*{w[1]})" if op is BinaryOps.MUL else f"({w[0]}*{w[1]}+{w[2]})"
-        if scalar in (dtypes.float16, dtypes.bfloat16) and op is TernaryOps.MULACC:  # a*b rounds before the add
-            return f"({self.render_cast(f'{srcs[0]}*{srcs[1]}', scalar)}+{srcs[2]})"
-        return super().render_alu(op, srcs, dt, src_dt)
+    def render_lane(self, x: str, i: int, dt: DType) -> str:
+        return f"{x}.v[{i}]"
 
-    def render_lanes(self, op: Op, srcs: list[str], vector: list[bool], dt: DType, src_dt: DType) -> str:
-        """A vector ALU op, lane by lane (`vector` says which sources are vectors; the others are broadcast)."""
-        count = max(dt.count, src_dt.count)
-        lanes = [
-            self.render_cast(
-                self.render_alu(
-                    op, [f"{s}.v[{i}]" if v else s for s, v in zip(srcs, vector)], dt.scalar(), src_dt.scalar()
-                ),
-                dt.scalar(),
-            )
-            for i in range(count)
-        ]
+    def render_vectorize(self, dt: DType, lanes: list[str]) -> str:
         return f"{self.render_dtype(dt)}{{{', '.join(lanes)}}}"
 
-    # ***** the kernel *****
+    def render_conversion(self, x: str, src_dt: DType, dt: DType) -> str:
+        if dt.count > 1:  # lane by lane
+            lanes = [self.render_lane(x, i, src_dt) if src_dt.count > 1 else x for i in range(dt.count)]
+            return self.render_vectorize(dt, [self.render_cast(lane, dt.scalar()) for lane in lanes])
+        return super().render_conversion(x, src_dt, dt)
 
-    def render(self, name: str, uops: list[UOp]) -> str:
-        grouped = any(
-            (u.op is UOps.SPECIAL and u.arg[1].startswith("l")) or u.op in (UOps.DEFINE_LOCAL, UOps.BARRIER)
-            for u in uops
-        )
-        first = next((u for u in uops if u.op is UOps.SPECIAL and u.arg[1] == "gidx0"), None)
-        flat_size = first.arg[2] if first is not None and not grouped and isinstance(first.arg[2], int) else None
-        plain = plain_index_ops(uops)
-        names: dict[int, str] = {}
-        buffers: list[str] = []
-        scalars: list[str] = []
-        body: list[str] = []
-        counter: dict[str, int] = {}
-        depth = 1
+    def render_access(
+        self, buf: str, idx: UOp, names: dict[int, str], dt: Optional[DType] = None, store: bool = False
+    ) -> str:
+        if dt is not None and dt.count > 1:  # one wide access from the scalar buffer (the struct is aligned)
+            return f"*(({'' if store else 'const '}{self.render_dtype(dt)}*)({buf}+{names[id(idx)]}))"
+        return super().render_access(buf, idx, names, dt, store)
 
-        def fresh(prefix: str) -> str:
-            counter[prefix] = counter.get(prefix, -1) + 1
-            return f"{prefix}{counter[prefix]}"
+    # ***** launching *****
 
-        def emit(line: str) -> None:
-            body.append("  " * depth + line)
+    def flat(self, launch: KernelLaunch) -> Optional[UOp]:
+        """The gidx0 of a flat kernel (counting threads across blocks, guarded by its size), None if not flat."""
+        first = launch.special("gidx0")
+        return first if first is not None and not launch.grouped and isinstance(first.arg[2], int) else None
 
-        # a flat kernel's thread index, in the kernel's index dtype: the unsigned int product wraps at 2^32
-        wide = first is not None and first.dtype == dtypes.int64
-        flat_id = "(long long)blockIdx.x*blockDim.x+threadIdx.x" if wide else "blockIdx.x*blockDim.x+threadIdx.x"
+    def flat_id(self, gidx0: UOp) -> str:
+        """A flat kernel's thread index, in the kernel's index dtype: the unsigned int product wraps at 2^32."""
+        wide = gidx0.dtype == dtypes.int64
+        return "(long long)blockIdx.x*blockDim.x+threadIdx.x" if wide else "blockIdx.x*blockDim.x+threadIdx.x"
 
-        def workitem(u: UOp) -> str:
-            dim, kind = u.arg[0], u.arg[1][0]
-            if kind == "l":
-                return f"threadIdx.{_DIMS[dim]}"
-            if dim == 0 and flat_size is not None:
-                return flat_id
-            return f"blockIdx.{_DIMS[dim]}"
+    def render_special(self, u: UOp, launch: KernelLaunch) -> str:
+        dim, kind = u.arg[0], u.arg[1][0]
+        if kind == "l":
+            return f"threadIdx.{_DIMS[dim]}"
+        if dim == 0 and (gidx0 := self.flat(launch)) is not None:
+            return self.flat_id(gidx0)
+        return f"blockIdx.{_DIMS[dim]}"
 
-        if flat_size is not None:  # the last block runs past the global size
-            emit(f"if ({flat_id} >= {flat_size}{'ll' if wide else 'u'}) return;")
-        # __shared__ arrays first, at the kernel's outermost scope
-        ordered = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
-        for u in ordered:
-            s = [names.get(id(x), "") for x in u.src]
-            dt = u.dtype
-            if u.op is UOps.DEFINE_GLOBAL:
-                assert isinstance(dt, PtrDType)
-                names[id(u)] = u.arg[1]
-                const = "" if u.arg[2] else "const "
-                buffers.append(f"{const}{self.render_dtype(dt)}*{self.buffer_suffix} {u.arg[1]}")
-            elif u.op is UOps.DEFINE_VAR:
-                assert dt is not None
-                names[id(u)] = u.arg[0]
-                scalars.append(self.render_scalar_arg(u.arg[0], dt))
-            elif u.op is UOps.DEFINE_LOCAL:
-                assert dt is not None
-                names[id(u)] = u.arg[0]
-                emit(f"{self.smem_prefix}{self.render_dtype(dt)} {u.arg[0]}[{u.arg[1]}];")
-            elif u.op is UOps.CONST:
-                assert dt is not None
-                names[id(u)] = self.render_const(u.arg, dt)
-            elif u.op is UOps.SPECIAL:
-                names[id(u)] = u.arg[1]
-                assert dt is not None
-                emit(f"{self.render_dtype(dt)} {u.arg[1]} = {workitem(u)}; /* {u.arg[2]} */")
-            elif u.op is UOps.RANGE:
-                n = names[id(u)] = fresh("ridx" if u.arg[1] else "loop")
-                assert dt is not None
-                emit(f"for ({self.render_dtype(dt)} {n} = {s[0]}; {n} < {s[1]}; {n}++) {{")
-                depth += 1
-            elif u.op in (UOps.ENDRANGE, UOps.ENDIF):
-                depth -= 1
-                emit("}")
-            elif u.op is UOps.IF:
-                emit(f"if ({s[0]}) {{")
-                depth += 1
-            elif u.op is UOps.BARRIER:
-                emit(self.barrier)
-            elif u.op is UOps.DEFINE_ACC:
-                assert dt is not None
-                n = names[id(u)] = fresh("acc")
-                emit(f"{self.render_dtype(dt)} {n} = {self.render_const(u.arg, dt)};")
-            elif u.op is UOps.PHI:
-                emit(f"{s[0]} = {s[1]};")
-                names[id(u)] = s[0]
-            elif u.op is UOps.LOAD:
-                assert dt is not None
-                n = names[id(u)] = fresh("val")
-                t = self.render_dtype(dt)
-                load = f"*((const {t}*)({s[0]}+{s[1]}))" if dt.count > 1 else f"{s[0]}[{s[1]}]"
-                emit(f"{t} {n} = {f'({s[2]})?({load}):({s[3]})' if len(s) == 4 else load};")
-            elif u.op is UOps.STORE:
-                value_dt = u.src[2].dtype
-                assert value_dt is not None
-                target = (
-                    f"*(({self.render_dtype(value_dt)}*)({s[0]}+{s[1]}))" if value_dt.count > 1 else f"{s[0]}[{s[1]}]"
-                )
-                emit(f"if ({s[3]}) {target} = {s[2]};" if len(s) == 4 else f"{target} = {s[2]};")
-            elif u.op is UOps.ALU:
-                assert dt is not None
-                src_dt = u.src[-1].dtype if u.arg is TernaryOps.WHERE else u.src[0].dtype
-                assert src_dt is not None
-                n = names[id(u)] = fresh("alu")
-                vector = [x.dtype is not None and x.dtype.count > 1 for x in u.src]
-                if any(vector) or dt.count > 1:
-                    expr = self.render_lanes(u.arg, s, vector, dt, src_dt)
-                elif id(u) in plain:
-                    expr = CStyleLanguage.render_alu(self, u.arg, s, dt, src_dt)
-                else:
-                    expr = self.render_alu(u.arg, s, dt, src_dt)
-                emit(f"{self.render_dtype(dt)} {n} = {expr};")
-            elif u.op is UOps.CAST:
-                assert dt is not None and u.src[0].dtype is not None
-                n = names[id(u)] = fresh("cast")
-                if dt.count > 1:
-                    lanes = [
-                        self.render_cast(f"{s[0]}.v[{i}]" if u.src[0].dtype.count > 1 else s[0], dt.scalar())
-                        for i in range(dt.count)
-                    ]
-                    emit(f"{self.render_dtype(dt)} {n} = {self.render_dtype(dt)}{{{', '.join(lanes)}}};")
-                else:
-                    emit(f"{self.render_dtype(dt)} {n} = {self.render_cast(s[0], dt)};")
-            elif u.op is UOps.BITCAST:
-                assert dt is not None
-                n = names[id(u)] = fresh("bitcast")
-                for line in self.render_bitcast(n, s[0], dt):
-                    emit(line)
-            else:
-                raise NotImplementedError(f"{type(self).__name__} cannot render uop {u.op}")
-        threads: Optional[int] = FLAT_THREADS if flat_size is not None else None
-        if grouped:
-            sizes = [u.arg[2] for u in uops if u.op is UOps.SPECIAL and u.arg[1].startswith("l")]
-            threads = math.prod(sizes) if all(isinstance(x, int) for x in sizes) else None
-        bounds = f"__launch_bounds__({threads}) " if threads is not None else ""
-        header = [LAUNCH_FLAT] if flat_size is not None else []
-        header += self.prelude(uops)
-        signature = f"{self.kernel_prefix}void {bounds}{name}({', '.join(buffers + scalars)})"
-        return "\n".join(header + [signature + " {", *body, "}"]) + "\n"
+    def kernel_prologue(self, launch: KernelLaunch) -> list[str]:
+        if (gidx0 := self.flat(launch)) is None:
+            return []
+        wide = gidx0.dtype == dtypes.int64  # the last block runs past the global size
+        return [f"if ({self.flat_id(gidx0)} >= {gidx0.arg[2]}{'ll' if wide else 'u'}) return;"]
 
-    def prelude(self, uops: list[UOp]) -> list[str]:
-        """The declarations a kernel needs beyond CUDA's builtins: half, bfloat16, vector types, BITCAST."""
+    def launch_bounds(self, launch: KernelLaunch) -> str:
+        threads = FLAT_THREADS if self.flat(launch) is not None else launch.threads
+        return f"__launch_bounds__({threads}) " if threads is not None else ""
+
+    def render_prelude(self, uops: list[UOp], launch: KernelLaunch) -> list[str]:
+        """The first line of a flat kernel (LAUNCH_FLAT) and the declarations a kernel needs beyond CUDA's builtins:
+        half, bfloat16, vector types, BITCAST."""
         used: dict[DType, None] = {}
         for u in uops:
             if u.dtype is not None:
                 dt = u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype
                 used[dt.scalar()] = None
                 used[dt] = None
-        out = []
+        out = [LAUNCH_FLAT] if self.flat(launch) is not None else []
         if dtypes.float16 in used:
             out.append(_HALF)
         if dtypes.bfloat16 in used:

@@ -9,12 +9,12 @@ followed by its symbolic ints as `constant int&` at the next indices, in DEFINE_
   launches `global_size` threadgroups of `local_size` threads with `dispatchThreadgroups`.
 
 Where Metal (C++14 underneath) differs from what numpy computes, the spelling makes it agree. Signed 32- and 64-bit
-`+ - *` and negation are done on the unsigned type through `as_type` (signed overflow is undefined in C++), except
-in index arithmetic, which stays within int by construction and is left plain for the compiler's addressing;
-uint16 products are taken in uint (ushort promotes to int, whose product can overflow); MULACC is a product and a
-sum in two statements, each rounded; half and bfloat16 compute every op in float and round the result once (exact
-for + - * / and sqrt, as numpy's float16 does), and convert through float. Vectors (2 to 4 components) compute
-component by component, with the scalar spellings. float64 does not exist in Metal.
+`+ - *` and negation are done on the unsigned type through `as_type` (signed overflow is undefined in C++: the
+base's wrap_signed), except in index arithmetic, which stays within int by construction and is left plain for the
+compiler's addressing; uint16 products are taken in uint (ushort promotes to int, whose product can overflow);
+MULACC is a product and a sum in two statements, each rounded; half and bfloat16 compute every op in float and round
+the result once (exact for + - * / and sqrt, as numpy's float16 does), and convert through float. Vectors (2 to 4
+components) compute component by component, with the scalar spellings. float64 does not exist in Metal.
 
 When enabled (see `tg_metal.syntax`), every rendering is parsed by a C++ front end against tg-metal's stand-in
 `<metal_stdlib>` before it is returned.
@@ -22,15 +22,13 @@ When enabled (see `tg_metal.syntax`), every rendering is parsed by a C++ front e
 
 from __future__ import annotations
 
-import copy
-from enum import Enum
 from typing import Optional
 
 from tg_metal.syntax import check_syntax, syntax_check_enabled
-from tgcore.codegen.uops import UOp, UOps, plain_index_ops
+from tgcore.codegen.uops import UOp, UOps
 from tgcore.dtype import DType, PtrDType, dtypes
-from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage, negative_literal
+from tgcore.ops import BinaryOps, Op, TernaryOps
+from tgcore.renderer.cstyle import CStyleLanguage, KernelLaunch, negative_literal
 
 _INT32_MAX = 2**31 - 1
 _HEADER = (
@@ -45,16 +43,6 @@ _LANES = "xyzw"
 _GRID_ID = {"g": lambda dim: f"gid.{_LANES[dim]}", "l": lambda dim: f"lid.{_LANES[dim]}"}
 _UNSIGNED = {dtypes.int32: "uint", dtypes.int64: "ulong"}
 _HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)  # computed in float
-_WRAPPING_SIGN: dict[Op, str] = {BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*"}
-
-
-class _IndexOps(Enum):
-    """int32 + - * of index arithmetic (`tgcore.codegen.uops.plain_index_ops`): spelled plainly, so that Metal's
-    compiler keeps its no-overflow assumptions for addressing. Only this renderer's lowering produces these."""
-
-    ADD = BinaryOps.ADD
-    SUB = BinaryOps.SUB
-    MUL = BinaryOps.MUL
 
 
 class MetalRenderer(CStyleLanguage):
@@ -74,6 +62,8 @@ class MetalRenderer(CStyleLanguage):
     local_max = (1024, 1024, 1024)  # and at most 1024 threads in a threadgroup on every Metal GPU
     shared_max = 32768  # threadgroup memory every Apple GPU has
     code_for_workitem = _GRID_ID
+    prelude = (_HEADER.rstrip("\n"),)
+    lanewise_vectors = True  # vectors of 2 to 4 components compute component by component
     type_map = {
         dtypes.bool: "bool",
         dtypes.int8: "char",
@@ -90,10 +80,6 @@ class MetalRenderer(CStyleLanguage):
     }
     infinity = "INFINITY"
     nan = "NAN"
-
-    def __init__(self) -> None:
-        self.grouped = False  # set on the per-render copy: the kernel uses threadgroup indices
-        self.bindings: dict[str, int] = {}  # set on the per-render copy: argument name -> [[buffer(i)]]
 
     # ***** types and constants *****
 
@@ -124,86 +110,53 @@ class MetalRenderer(CStyleLanguage):
         t = self.render_dtype(dt)
         return [f"{t} {name} = as_type<{t}>({x});"]
 
+    def render_as_unsigned(self, x: str, dt: DType) -> str:
+        return f"as_type<{_UNSIGNED[dt]}>({x})"
+
+    def render_as_signed(self, x: str, dt: DType) -> str:
+        return f"as_type<{self.type_map[dt]}>({x})"
+
+    def render_lane(self, x: str, i: int, dt: DType) -> str:
+        return f"({x}).{_LANES[i]}"
+
+    def render_vectorize(self, dt: DType, lanes: list[str]) -> str:
+        return f"{self.render_dtype(dt)}({', '.join(lanes)})"
+
     def render_math(self, fn: str, x: str, dt: DType) -> str:
         if dt == dtypes.float32:
             return f"metal::{fn}({x})"
         # half and bfloat16 reach here only through the float rewrite; kept general for direct callers
         return self.render_cast(self.render_math(fn, self.render_cast(x, dtypes.float32), dtypes.float32), dt)
 
-    # ***** ops *****
-
-    def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
-        if isinstance(op, _IndexOps):
-            return super().render_alu(op.value, srcs, dt, src_dt)
-        if dt.count > 1 or src_dt.count > 1:
-            return self._lanewise(op, srcs, dt, src_dt)
-        a = srcs[0]
-        if src_dt in _UNSIGNED and op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, UnaryOps.NEG):
-            return self._wrapping(op, srcs, src_dt)
-        if src_dt in _UNSIGNED and op is BinaryOps.DIV:  # x / -1 is a negation, which wraps at the minimum
-            b = srcs[1]
-            return f"(({b})==0?0:(({b})==-1?{self._wrapping(UnaryOps.NEG, [a], src_dt)}:({a}/{b})))"
-        if src_dt == dtypes.uint16 and op is BinaryOps.MUL:
-            return f"((ushort)((uint)({a})*(uint)({srcs[1]})))"
-        return super().render_alu(op, srcs, dt, src_dt)
-
-    def _wrapping(self, op: Op, srcs: list[str], dt: DType) -> str:
-        """Signed + - * and negation of int / long on the unsigned type, so that they wrap."""
-        t, u = self.type_map[dt], _UNSIGNED[dt]
-        if op is UnaryOps.NEG:
-            return f"as_type<{t}>(({u})0-as_type<{u}>({srcs[0]}))"
-        return f"as_type<{t}>(as_type<{u}>({srcs[0]}){_WRAPPING_SIGN[op]}as_type<{u}>({srcs[1]}))"
-
-    def _lanewise(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
-        """A vector op as a vector of the scalar op on each component (every operand is a vector of dt's width)."""
-        count = max(dt.count, src_dt.count)
-        lanes = []
-        for lane in _LANES[:count]:
-            parts = [f"({s}).{lane}" for s in srcs]
-            lanes.append(self.render_cast(self.render_alu(op, parts, dt.scalar(), src_dt.scalar()), dt.scalar()))
-        return f"{self.render_dtype(dt)}({', '.join(lanes)})"
-
     # ***** the kernel *****
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        uops = lower_for_metal(uops)
-        renderer = copy.copy(self)  # per-render state on a copy: the shared renderer stays stateless
-        renderer.grouped = any(
-            (u.op is UOps.SPECIAL and u.arg[1].startswith("l")) or u.op in (UOps.DEFINE_LOCAL, UOps.BARRIER)
-            for u in uops
-        )
-        globals_ = [u for u in uops if u.op is UOps.DEFINE_GLOBAL]
-        variables = [u for u in uops if u.op is UOps.DEFINE_VAR]
-        renderer.bindings = {u.arg[1]: u.arg[0] for u in globals_}
-        renderer.bindings.update({u.arg[0]: len(globals_) + i for i, u in enumerate(variables)})
-        src = CStyleLanguage.render(renderer, name, uops)
+        src = super().render(name, lower_for_metal(uops))
         if syntax_check_enabled():
             check_syntax(name, src)
         return src
 
     def render_kernel(
-        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
+        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], launch: KernelLaunch
     ) -> str:
         args = []
-        for n, dt, writable in sorted(bufs, key=lambda b: self.bindings[b[0]]):
+        for binding, (n, dt, writable) in enumerate(bufs):  # buffers in index order, then the variables
             if isinstance(dt, PtrDType):
                 args.append(f"{'' if writable else 'const '}device {self.render_dtype(dt)}* {n}")
             else:
                 args.append(self.render_scalar_arg(n, dt))
-            args[-1] += f" [[buffer({self.bindings[n]})]]"
-        if self.grouped:
+            args[-1] += f" [[buffer({binding})]]"
+        if launch.grouped:
             args += ["uint3 gid [[threadgroup_position_in_grid]]", "uint3 lid [[thread_position_in_threadgroup]]"]
         else:
             args.append("uint3 gid [[thread_position_in_grid]]")
         body = "\n".join("  " + line for line in kernel)
-        return f"{_HEADER}{self.kernel_prefix}void {name}({', '.join(args)}) {{\n{body}\n}}\n"
+        return f"{self.kernel_prefix}void {name}({', '.join(args)}) {{\n{body}\n}}"
 
 
 def lower_for_metal(uops: list[UOp]) -> list[UOp]:
     """The uops rewritten into what the Metal spellings expect (the same computation):
 
-    - threadgroup arrays (DEFINE_LOCAL) first: Metal declares them at the kernel's outermost scope;
-    - int32 + - * of index arithmetic marked as _IndexOps (spelled without the wrapping of data arithmetic);
     - MULACC as MUL then ADD, two statements, so the product is rounded before the sum;
     - ALU ops on half and bfloat16 (but WHERE, which only selects) on float operands, the result cast back;
     - CASTs between bfloat16 and anything but float through float (Metal converts bfloat to and from float)."""
@@ -218,14 +171,10 @@ class _Lowering:
         self.new: dict[int, UOp] = {}
 
     def run(self, uops: list[UOp]) -> list[UOp]:
-        index = plain_index_ops(uops)
-        locals_ = [u for u in uops if u.op is UOps.DEFINE_LOCAL]
-        for u in locals_ + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]:
+        for u in uops:
             src = tuple(self.new.get(id(s), s) for s in u.src)
             dt = u.dtype
-            if id(u) in index:
-                rebuilt = self.emit(UOps.ALU, dt, src, _IndexOps(u.arg))
-            elif u.op is UOps.ALU and u.arg is TernaryOps.MULACC:
+            if u.op is UOps.ALU and u.arg is TernaryOps.MULACC:
                 assert dt is not None
                 product = self.alu(dt, src[:2], BinaryOps.MUL)
                 rebuilt = self.alu(dt, (product, src[2]), BinaryOps.ADD)

@@ -2,33 +2,30 @@
 
 Kernels are `__kernel` functions over `__global` buffers. Where OpenCL C differs from what numpy computes, the
 spelling makes it agree: signed `+ - *` and negation are done on the unsigned type of the same width (signed
-overflow is undefined in OpenCL C as in C) except in index arithmetic, which cannot overflow and is left plain so
-the compiler can optimize addressing; `#pragma OPENCL FP_CONTRACT OFF` stops `a*b+c` from becoming one fused
-rounding, and half computes `/` and the transcendental functions in float. bool buffers are `uchar` (OpenCL C
-allows no bool in kernel arguments); a bool value in the body is a `bool`. bfloat16 (which OpenCL C lacks) is
-`ushort` in memory and a `float` in the body, rounded to nearest even after every op (exact for + - * / and sqrt).
+overflow is undefined in OpenCL C as in C: the base's wrap_signed, spelled with `as_uint` / `as_int`) except in index
+arithmetic, which cannot overflow and is left plain so the compiler can optimize addressing; `#pragma OPENCL
+FP_CONTRACT OFF` stops `a*b+c` from becoming one fused rounding, and half computes `/` and the transcendental
+functions in float. bool buffers are `uchar` (OpenCL C allows no bool in kernel arguments); a bool value in the
+body is a `bool`. bfloat16 (which OpenCL C lacks) is `ushort` in memory and a `float` in the body, rounded to
+nearest even after every op (exact for + - * / and sqrt).
 
 A kernel with no local index, local memory or barrier takes its global index from `get_global_id` and lets the
-driver choose the work-group size. One that has them takes `get_group_id` / `get_local_id` and carries
-`reqd_work_group_size` with the sizes of its local SPECIALs: the runtime reads that attribute back and launches
-`global_size * local_size` work items in groups of `local_size`.
+driver choose the work-group size. One that has them (a grouped KernelLaunch) takes `get_group_id` / `get_local_id`
+and carries `reqd_work_group_size` with the sizes of its local SPECIALs (launch_bounds): the runtime reads that
+attribute back and launches `global_size * local_size` work items in groups of `local_size`.
 """
 
 from __future__ import annotations
 
-import copy
-from enum import Enum
-from typing import Optional, Sequence
+from typing import Sequence
 
 from tg_opencl.cl_platform import DeviceInfo
-from tgcore.codegen.uops import UOp, UOps, plain_index_ops
+from tgcore.codegen.uops import UOp
 from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer.cstyle import CStyleLanguage, negative_literal
+from tgcore.renderer.cstyle import CStyleLanguage, KernelLaunch, negative_literal
 
 _INT32_MAX = 2**31 - 1
-_GLOBAL_ID = {"g": lambda dim: f"get_global_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
-_GROUP_ID = {"g": lambda dim: f"get_group_id({dim})", "l": lambda dim: f"get_local_id({dim})"}
 _UNSIGNED = {dtypes.int8: "uchar", dtypes.int16: "ushort", dtypes.int32: "uint", dtypes.int64: "ulong"}
 # bfloat16 in float registers: rounding to nearest even (a NaN stays a quiet NaN), and its bits in memory
 _BF16 = """inline float tg_round_bf16(float x) {
@@ -39,15 +36,6 @@ inline float tg_bf2f(ushort h) { return as_float((uint)h << 16); }
 inline ushort tg_f2bf(float x) { return (ushort)(as_uint(x) >> 16); }"""
 # ops that round nothing: spelled on bfloat16's floats as they are
 _EXACT_OPS = (BinaryOps.CMPLT, BinaryOps.CMPEQ, BinaryOps.MAX, TernaryOps.WHERE, UnaryOps.NEG)
-
-
-class _AddressOps(Enum):
-    """Index arithmetic, which stays within int by construction: it is spelled as plain C, so the compiler keeps
-    its no-overflow assumptions for addressing. Only this renderer's uop rewrite produces these."""
-
-    ADD = BinaryOps.ADD
-    SUB = BinaryOps.SUB
-    MUL = BinaryOps.MUL
 
 
 # the limits OpenCL guarantees to every full-profile device, for rendering where no device can be asked
@@ -66,7 +54,6 @@ class OpenCLRenderer(CStyleLanguage):
     supports_float4 = True
     has_local = True
     has_shared = True
-    code_for_workitem = _GLOBAL_ID
     type_map = {
         dtypes.bool: "bool",
         dtypes.int8: "char",
@@ -128,6 +115,12 @@ class OpenCLRenderer(CStyleLanguage):
         t = self.render_dtype(dt)
         return [f"{t} {name} = as_{t}({x});"]
 
+    def render_as_unsigned(self, x: str, dt: DType) -> str:
+        return f"as_{_UNSIGNED[dt.scalar()]}{dt.count if dt.count > 1 else ''}({x})"
+
+    def render_as_signed(self, x: str, dt: DType) -> str:
+        return f"as_{self.render_dtype(dt)}({x})"
+
     # ***** bfloat16: floats rounded to nearest even after every op, stored as their top 16 bits *****
 
     def render_conversion(self, x: str, src_dt: DType, dt: DType) -> str:
@@ -163,8 +156,6 @@ class OpenCLRenderer(CStyleLanguage):
     # ***** ops *****
 
     def render_alu(self, op: Op, srcs: list[str], dt: DType, src_dt: DType) -> str:
-        if isinstance(op, _AddressOps):
-            return super().render_alu(op.value, srcs, dt, src_dt)
         if src_dt == dtypes.bfloat16:  # computed in float, the result rounded (a product before its sum)
             f32 = dtypes.float32
             if op in _EXACT_OPS:
@@ -172,19 +163,6 @@ class OpenCLRenderer(CStyleLanguage):
             if op is TernaryOps.MULACC:
                 return f"tg_round_bf16(tg_round_bf16({srcs[0]}*{srcs[1]})+{srcs[2]})"
             return f"tg_round_bf16({self.render_alu(op, srcs, f32, f32)})"
-        wrap = _UNSIGNED.get(src_dt.scalar()) if src_dt.scalar() in (dtypes.int32, dtypes.int64) else None
-        if wrap is not None:
-            t, u = self.render_dtype(src_dt), wrap + (str(src_dt.count) if src_dt.count > 1 else "")
-            if op in (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL):
-                sign = {BinaryOps.ADD: "+", BinaryOps.SUB: "-", BinaryOps.MUL: "*"}[op]
-                return f"as_{t}(as_{u}({srcs[0]}){sign}as_{u}({srcs[1]}))"
-            if op is UnaryOps.NEG:
-                return f"as_{t}(({u})0-as_{u}({srcs[0]}))"
-            if op is TernaryOps.MULACC:
-                return f"as_{t}(as_{u}({srcs[0]})*as_{u}({srcs[1]})+as_{u}({srcs[2]}))"
-            if op is BinaryOps.DIV:  # x / -1 is a negation, which wraps at the minimum
-                a, b = srcs
-                return f"(({b})==0?0:(({b})==-1?as_{t}(({u})0-as_{u}({a})):({a}/{b})))"
         if src_dt.scalar() == dtypes.float16 and op in (BinaryOps.DIV, BinaryOps.MOD):
             # cl_khr_fp16 division need not round correctly: divide in float, which rounds once to half exactly
             f = self.float_compute[dtypes.float16]
@@ -203,25 +181,17 @@ class OpenCLRenderer(CStyleLanguage):
 
     # ***** the kernel *****
 
-    def render(self, name: str, uops: list[UOp]) -> str:
-        local_size = [1, 1, 1]
-        grouped = False
-        for u in uops:
-            if u.op is UOps.SPECIAL and u.arg[1].startswith("l"):
-                local_size[u.arg[0]], grouped = u.arg[2], True
-            elif u.op in (UOps.DEFINE_LOCAL, UOps.BARRIER):
-                grouped = True
-        renderer = self
-        if grouped:  # a copy, so that rendering stays free of state on the shared renderer
-            renderer = copy.copy(self)
-            renderer.code_for_workitem = _GROUP_ID
-        # __local arrays must be declared at the kernel's outermost scope: declare them first
-        ordered = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
-        ordered = _mark_address_arithmetic(ordered)
-        src = CStyleLanguage.render(renderer, name, ordered)
-        if grouped:
-            attribute = f"__attribute__((reqd_work_group_size({local_size[0]},{local_size[1]},{local_size[2]})))"
-            src = src.replace(self.kernel_prefix, f"{self.kernel_prefix}{attribute} ", 1)
+    def render_special(self, u: UOp, launch: KernelLaunch) -> str:
+        if u.arg[1].startswith("l"):
+            return f"get_local_id({u.arg[0]})"
+        return f"get_{'group' if launch.grouped else 'global'}_id({u.arg[0]})"
+
+    def launch_bounds(self, launch: KernelLaunch) -> str:
+        if not launch.grouped:
+            return ""
+        return f"__attribute__((reqd_work_group_size({','.join(str(s) for s in launch.local_size)}))) "
+
+    def render_prelude(self, uops: list[UOp], launch: KernelLaunch) -> list[str]:
         used = {
             (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar() for u in uops if u.dtype is not None
         }
@@ -232,33 +202,4 @@ class OpenCLRenderer(CStyleLanguage):
             header.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
         if dtypes.float64 in used:
             header.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
-        return "\n".join(header) + "\n" + src + "\n"
-
-    def render_kernel(
-        self, name: str, kernel: list[str], bufs: list[tuple[str, DType, bool]], local_size: Optional[list[int]] = None
-    ) -> str:
-        args = [
-            f"{self.buffer_prefix}{'' if writable else 'const '}{self.render_dtype(dt)}* restrict {n}"
-            if isinstance(dt, PtrDType)
-            else self.render_scalar_arg(n, dt)
-            for n, dt, writable in bufs
-        ]
-        body = "\n".join("  " + line for line in kernel)
-        return f"{self.kernel_prefix}void {name}({', '.join(args)}) {{\n{body}\n}}"
-
-
-def _mark_address_arithmetic(uops: list[UOp]) -> list[UOp]:
-    """The uops with each int32 + - * of the index arithmetic (`tgcore.codegen.uops.plain_index_ops`) given an
-    _AddressOps arg; the rest unchanged."""
-    address = plain_index_ops(uops)
-    if not address:
-        return uops
-    out: list[UOp] = []
-    new: dict[int, UOp] = {}
-    for u in uops:
-        src = tuple(new.get(id(s), s) for s in u.src)
-        arg = _AddressOps(u.arg) if id(u) in address else u.arg
-        rebuilt = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, u.dtype, src, arg)
-        new[id(u)] = rebuilt
-        out.append(rebuilt)
-    return out
+        return header
