@@ -863,17 +863,26 @@ class Tensor:
         return v.pad(tuple((a, s - b) for (a, b), s in zip(plan.shrink, self.shape)))
 
     def _advanced_index(self, advanced: list[tuple[int, Tensor]], front: bool = False) -> Tensor:
-        """Select with integer index tensors on axes `advanced` (one-hot masks reduced away, so it has a gradient)."""
+        """Select with integer index tensors on axes `advanced`, one axis at a time: a load at the index (Gather)
+        where the tensors allow it, else a one-hot mask reduced away."""
         dims, index = [d for d, _ in advanced], [t for _, t in advanced]
         b_shape = _broadcast_shape(*[t.shape for t in index])
         rest = [d for d in range(self.ndim) if d not in dims]
         x = self.permute(rest + dims)
         x = x.reshape(x.shape[: len(rest)] + (1,) * len(b_shape) + x.shape[len(rest) :])
         for j, (d, t) in enumerate(zip(dims, index)):
-            size = self.shape[d]
+            size, axis = self.shape[d], len(rest) + len(b_shape)
+            # x: rest, the index axes (size 1 before the first lookup), the indexed axes left; the index, of the
+            # index axes, broadcast over the others (size 1 on the one it picks along)
+            shape = tuple(x.shape[: len(rest)]) + b_shape + (1,) + tuple(x.shape[axis + 1 :])
+            if _gathers(x, t, shape):
+                idx = t._broadcast_to(b_shape).reshape((1,) * len(rest) + b_shape + (1,) * (x.ndim - axis))
+                x = F.Gather.apply(x, idx._broadcast_to(shape), axis=axis)
+                x = F.Reshape.apply(x, shape=shape[:axis] + shape[axis + 1 :])
+                continue
             hit = t._broadcast_to(b_shape).unsqueeze(-1) == Tensor.arange(size, device=self.device)
             hit = hit.reshape(b_shape + (size,) + (1,) * (len(dims) - 1 - j))
-            x = hit.where(x, 0).sum(len(rest) + len(b_shape)).cast(self.dtype)
+            x = hit.where(x, 0).sum(axis).cast(self.dtype)
         # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (numpy's rule)
         first = dims[0] if not front and dims == list(range(dims[0], dims[0] + len(dims))) else 0
         nb = len(b_shape)
@@ -1008,10 +1017,13 @@ class Tensor:
             raise ShapeError(f"gather index of shape {index.shape} does not fit tensor of shape {self.shape} on {d}")
         n = self.shape[d]
         x = self.shrink(tuple(None if a == d else (0, i) for a, i in enumerate(index.shape)))
-        x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
         idx = (index < 0).where(index + n, index)
-        hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
-        out = hit.where(x, 0).sum(-1).cast(self.dtype)
+        if _gathers(x, idx, index.shape):  # a load at the index
+            out = F.Gather.apply(x, idx, axis=d)
+        else:
+            x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
+            hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
+            out = hit.where(x, 0).sum(-1).cast(self.dtype)
         return _with_check(out, (index < -n) | (index >= n), f"gather index out of bounds for axis {d} with size {n}")
 
     def masked_fill(self, mask: Tensor, value: Union[Tensor, ConstType]) -> Tensor:
@@ -2165,6 +2177,23 @@ _REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum cl
 
 
 CHECK_DATA = ContextVar("CHECK_DATA", 1)  # 0: no checks of index and label values on the device (bench/ measures them)
+
+
+def _gathers(x: Tensor, index: Tensor, shape: tuple[sint, ...]) -> bool:
+    """Whether `index` picks from `x` by a load at the index (F.Gather) into a result of `shape`: both one device's
+    plain (unsharded) tensors of int sizes, on a device that runs kernels, with something to read and to compute. The
+    others (a sharded tensor, a symbolic size) take the one-hot form."""
+    lb, ib = x.lazydata, index.lazydata
+    return (
+        type(lb) is LazyBuffer
+        and type(ib) is LazyBuffer
+        and dtypes.is_int(index.dtype)
+        and all_int(x.shape)
+        and all_int(shape)
+        and x.numel() > 0
+        and prod(shape) > 0
+        and not Device.storage_only(lb.device)
+    )
 
 
 def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOfRangeError) -> Tensor:
