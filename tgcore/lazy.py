@@ -270,6 +270,8 @@ class LazyBuffer:
             raise TypeError(f"gather needs an integer index, got {index.dtype}")
         if index.device != self.device:
             raise ValueError(f"gather needs the index on {self.device}, got it on {index.device}")
+        if self.shape[axis] == 0 and index.size != 0:
+            raise IndexError(f"gather along axis {axis} of size 0: no index is in range")
         table = self
         views = table.st.views
         # the kernel reads the table through one view of int strides without a mask: anything else is copied first
