@@ -277,8 +277,9 @@ class LazyBuffer:
         # the kernel reads the table through one view of int strides without a mask: anything else is copied first
         if len(views) != 1 or views[0].mask is not None or not _plain_ints((*views[0].strides, views[0].offset)):
             table = table._new(LoadOps.CONTIGUOUS, None, (table,))
-        return LazyBuffer(self.device, ShapeTracker.from_shape(index.shape), self.dtype, IndexOps.GATHER, axis,
-                          (table, index))
+        return LazyBuffer(
+            self.device, ShapeTracker.from_shape(index.shape), self.dtype, IndexOps.GATHER, axis, (table, index)
+        )
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""

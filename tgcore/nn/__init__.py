@@ -13,7 +13,7 @@ import tgcore.function as F
 from tgcore.errors import ShapeError
 from tgcore.helpers import all_int, prod
 from tgcore.nn import optim, state  # noqa: F401  (tinygrad exposes them as nn.optim and nn.state)
-from tgcore.tensor import Tensor, _gathers, _with_check
+from tgcore.tensor import Tensor, _gathers, _index_outside, _with_check
 
 __all__ = [
     "BatchNorm2d",
@@ -283,7 +283,7 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if idx.numel() == 0:
             return Tensor.zeros(*idx.shape, self.embed_sz, dtype=self.weight.dtype, device=self.weight.device)
-        bad = (idx < 0) | (idx >= self.vocab_sz)
+        bad = _index_outside(idx, 0, self.vocab_sz)
         message = f"Embedding index out of range for {self.vocab_sz} rows"
         k, dim = idx.ndim, self.embed_sz
         out_shape = (*idx.shape, 1, dim)
