@@ -312,3 +312,38 @@ def test_lookup_inside_a_reduce_and_after_one() -> None:
     scores = Tensor(np.array([[0.1, 0.9, 0.3], [0.7, 0.2, 0.1]], np.float32))
     best = scores.argmax(-1)  # a reduce computed first, read as the index
     np.testing.assert_array_equal(emb(best).numpy(), w[[1, 0]])
+
+
+def test_a_repeated_lookup_reads_each_call_s_indices() -> None:
+    # the second call's graph comes from the schedule cache, on other buffers
+    emb, w = _embedding(30, 4)
+    for idx in ([1, 2, 3], [29, 0, 7], [5, 5, 5]):
+        np.testing.assert_array_equal(emb(Tensor(idx)).numpy(), w[idx])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_steps_through_an_embedding_under_tinyjit(device: str) -> None:
+    from tgcore import TinyJit
+    from tgcore.nn.optim import SGD
+
+    emb, w = _embedding(11, 3, device)
+    emb.weight.requires_grad = True
+    opt = SGD([emb.weight], lr=0.5)
+
+    @TinyJit
+    def step(idx: Tensor) -> Tensor:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = emb(idx).sum()
+            loss.backward()
+            opt.step()
+        return loss
+
+    want = w.copy()
+    rng = np.random.default_rng(6)
+    for _ in range(4):
+        idx = rng.integers(0, 11, (2, 3)).astype(np.int32)
+        loss = step(Tensor(idx, device=device))
+        np.testing.assert_allclose(loss.item(), want[idx].sum(), rtol=1e-5)
+        np.add.at(want, idx, -0.5 * np.ones((2, 3, 3), np.float32))
+    np.testing.assert_allclose(emb.weight.numpy(), want, rtol=1e-5, atol=1e-6)
