@@ -6,6 +6,8 @@ import math
 from operator import attrgetter
 from typing import Any, Optional
 
+import numpy as np
+
 from tgcore import lazymath
 from tgcore.dtype import DType, dtypes, sum_acc_dtype
 from tgcore.helpers import argsort
@@ -481,6 +483,35 @@ class Stride(Function):
             g = g.reshape(shape[:axis] + (n * k,) + shape[axis + 1 :])
             g = g.shrink(tuple((0, size) if a == axis else (0, s) for a, s in enumerate(g.shape)))
         return g
+
+
+class Gather(Function):
+    """out[p] = x[p with p[axis] = index[p]], x broadcast to the index's shape along its other axes of size 1 (an
+    embedding table (1, vocab, dim) read by every token): a load at the index (LazyBuffer.gather). The gradient is
+    the one-hot form, a sum over the index's positions: each row of x gets the gradients of the positions that
+    picked it (a where, not a multiply: an inf elsewhere stays out)."""
+
+    def forward(self, x: LazyBuffer, index: LazyBuffer, axis: int) -> LazyBuffer:
+        self.x_shape, self.index, self.axis = x.shape, index, axis
+        shape = tuple(x.shape[a] if a == axis else s for a, s in enumerate(index.shape))
+        return x.expand(shape).gather(index, axis)
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[LazyBuffer, None]:
+        g, index, axis, n = grad_output, self.index, self.axis, self.x_shape[self.axis]
+        shape = (*g.shape, n)
+        # the positions along the axis, in the index's dtype (int32 for a narrower one, which could not count them)
+        idt = index.dtype if index.dtype.itemsize >= 4 else dtypes.int32
+        positions = LazyBuffer.fromcpu(np.arange(n, dtype=idt.np), g.device).reshape((1,) * len(g.shape) + (n,))
+        hit = index.cast(idt).reshape((*index.shape, 1)).expand(shape).e(BinaryOps.CMPEQ, positions.expand(shape))
+        acc = g.cast(sum_acc_dtype(g.dtype))
+        picked = hit.e(TernaryOps.WHERE, acc.reshape((*g.shape, 1)).expand(shape), acc.const(0, shape))
+        # summed over the gathered axis and the axes x was broadcast along; the positions' axis then takes the
+        # gathered axis's place
+        summed = [a for a, s in enumerate(g.shape) if a == axis or (self.x_shape[a] == 1 and s != 1)]
+        out = picked.r(ReduceOps.SUM, tuple(summed))
+        order = list(range(len(shape)))
+        order[axis], order[-1] = order[-1], order[axis]
+        return out.permute(tuple(order)).reshape(self.x_shape).cast(g.dtype), None
 
 
 class Copy(Function):

@@ -14,7 +14,7 @@ import numpy as np
 
 from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
-from tgcore.ops import BinaryOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.ops import BinaryOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.plugin import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
@@ -256,6 +256,30 @@ class LazyBuffer:
             padded = -(-n // (parts * SPLIT_PART_ALIGN)) * parts * SPLIT_PART_ALIGN
             flat, n = flat.pad(((0, padded - n),)), padded
         return flat.reshape((parts, n // parts)).r(op, (1,)).reshape((parts,)).r(op, (0,)).reshape(new_shape)
+
+    def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
+        """out[p] = self[p with p[axis] replaced by index[p]]: `index` (integers, of this shape except on `axis`)
+        picks one element along `axis` for each output position. The kernel that computes the result loads each
+        element at its index (engine/schedule.py), reading this buffer's memory as it is laid out; an index out of
+        [0, shape[axis]) is clamped there, so checking the values (tensor.py) is the caller's part."""
+        if len(index.shape) != len(self.shape) or any(
+            i != s for a, (i, s) in enumerate(zip(index.shape, self.shape)) if a != axis
+        ):
+            raise ValueError(f"gather needs an index of shape {self.shape} except on axis {axis}, got {index.shape}")
+        if not dtypes.is_int(index.dtype):
+            raise TypeError(f"gather needs an integer index, got {index.dtype}")
+        if index.device != self.device:
+            raise ValueError(f"gather needs the index on {self.device}, got it on {index.device}")
+        if self.shape[axis] == 0 and index.size != 0:
+            raise IndexError(f"gather along axis {axis} of size 0: no index is in range")
+        table = self
+        views = table.st.views
+        # the kernel reads the table through one view of int strides without a mask: anything else is copied first
+        if len(views) != 1 or views[0].mask is not None or not _plain_ints((*views[0].strides, views[0].offset)):
+            table = table._new(LoadOps.CONTIGUOUS, None, (table,))
+        return LazyBuffer(
+            self.device, ShapeTracker.from_shape(index.shape), self.dtype, IndexOps.GATHER, axis, (table, index)
+        )
 
     def copy_to_device(self, device: str) -> LazyBuffer:
         """This data on another device."""

@@ -87,7 +87,15 @@ class LoadOps(_OpEnum):
     ASSIGN = auto()
 
 
-Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps]
+class IndexOps(_OpEnum):
+    """Graph ops that read a buffer at positions computed from data. GATHER (arg: the axis) reads its first source, a
+    realized buffer, at the second's integer values along that axis; in a kernel AST it is a LOAD whose src is the
+    index expression and whose arg a GatherBuffer (the kernel computes the index and the load together)."""
+
+    GATHER = auto()
+
+
+Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, IndexOps]
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,24 @@ class MemBuffer:
     idx: int
     dtype: DType
     st: Any  # ShapeTracker (typed Any to keep ops.py free of the shape layer)
+
+    def real_size(self) -> int:
+        """Elements of the buffer this access may touch (from its first)."""
+        return self.st.real_size()
+
+
+@dataclass(frozen=True)
+class GatherBuffer(MemBuffer):
+    """Kernel argument `idx` read at a position that depends on data: the LOAD that carries it has one src, an integer
+    expression i; `st` is the access with the gathered axis at stride 0, and the element read is st's plus
+    clamp(i, 0, size - 1) * stride. The clamp keeps every read inside the buffer even where no check ran (the checks
+    of the index values, tensor.py, raise before the kernel runs)."""
+
+    stride: int = 0
+    size: int = 1
+
+    def real_size(self) -> int:
+        return self.st.real_size() + (self.size - 1) * max(self.stride, 0)  # (a negative stride reads below st's)
 
 
 @dataclass(frozen=True)

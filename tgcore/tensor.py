@@ -825,9 +825,10 @@ class Tensor:
                 raise IndexError(f"index tensor is on {i.device}, the tensor on {self.device}")
             if size == 0 and i.numel() != 0:
                 raise IndexOutOfRangeError(f"index into axis {dim} of size 0: no index is in range")
-            wrapped = (i < 0).where(i + size, i)
+            i = _index_wide_enough(i, size)
+            wrapped = i if dtypes.is_unsigned(i.dtype) else (i < 0).where(i + size, i)
             if isinstance(size, int):  # checked on the device when the result is realized
-                bad = (i < -size) | (i >= size)
+                bad = _index_outside(i, -size, size)
                 wrapped = _with_check(wrapped, bad, f"index out of bounds for axis {dim} with size {size}")
             return wrapped
         arr = np.asarray(i)
@@ -863,17 +864,26 @@ class Tensor:
         return v.pad(tuple((a, s - b) for (a, b), s in zip(plan.shrink, self.shape)))
 
     def _advanced_index(self, advanced: list[tuple[int, Tensor]], front: bool = False) -> Tensor:
-        """Select with integer index tensors on axes `advanced` (one-hot masks reduced away, so it has a gradient)."""
+        """Select with integer index tensors on axes `advanced`, one axis at a time: a load at the index (Gather)
+        where the tensors allow it, else a one-hot mask reduced away."""
         dims, index = [d for d, _ in advanced], [t for _, t in advanced]
         b_shape = _broadcast_shape(*[t.shape for t in index])
         rest = [d for d in range(self.ndim) if d not in dims]
         x = self.permute(rest + dims)
         x = x.reshape(x.shape[: len(rest)] + (1,) * len(b_shape) + x.shape[len(rest) :])
         for j, (d, t) in enumerate(zip(dims, index)):
-            size = self.shape[d]
+            size, axis = self.shape[d], len(rest) + len(b_shape)
+            # x: rest, the index axes (size 1 before the first lookup), the indexed axes left; the index, of the
+            # index axes, broadcast over the others (size 1 on the one it picks along)
+            shape = tuple(x.shape[: len(rest)]) + b_shape + (1,) + tuple(x.shape[axis + 1 :])
+            if _gathers(x, t, shape):
+                idx = t._broadcast_to(b_shape).reshape((1,) * len(rest) + b_shape + (1,) * (x.ndim - axis))
+                x = F.Gather.apply(x, idx._broadcast_to(shape), axis=axis)
+                x = F.Reshape.apply(x, shape=shape[:axis] + shape[axis + 1 :])
+                continue
             hit = t._broadcast_to(b_shape).unsqueeze(-1) == Tensor.arange(size, device=self.device)
             hit = hit.reshape(b_shape + (size,) + (1,) * (len(dims) - 1 - j))
-            x = hit.where(x, 0).sum(len(rest) + len(b_shape)).cast(self.dtype)
+            x = hit.where(x, 0).sum(axis).cast(self.dtype)
         # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (numpy's rule)
         first = dims[0] if not front and dims == list(range(dims[0], dims[0] + len(dims))) else 0
         nb = len(b_shape)
@@ -1008,11 +1018,15 @@ class Tensor:
             raise ShapeError(f"gather index of shape {index.shape} does not fit tensor of shape {self.shape} on {d}")
         n = self.shape[d]
         x = self.shrink(tuple(None if a == d else (0, i) for a, i in enumerate(index.shape)))
-        x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
-        idx = (index < 0).where(index + n, index)
-        hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
-        out = hit.where(x, 0).sum(-1).cast(self.dtype)
-        return _with_check(out, (index < -n) | (index >= n), f"gather index out of bounds for axis {d} with size {n}")
+        index = _index_wide_enough(index, n)
+        idx = index if dtypes.is_unsigned(index.dtype) else (index < 0).where(index + n, index)
+        if _gathers(x, idx, index.shape):  # a load at the index
+            out = F.Gather.apply(x, idx, axis=d)
+        else:
+            x = x.unsqueeze(-1).transpose(d, -1)  # axis d moves last, a size-1 axis takes its place
+            hit = idx.unsqueeze(-1) == Tensor.arange(n, device=self.device)
+            out = hit.where(x, 0).sum(-1).cast(self.dtype)
+        return _with_check(out, _index_outside(index, -n, n), f"gather index out of bounds for axis {d} with size {n}")
 
     def masked_fill(self, mask: Tensor, value: Union[Tensor, ConstType]) -> Tensor:
         """`value` where `mask` is True, else self."""
@@ -2165,6 +2179,47 @@ _REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum cl
 
 
 CHECK_DATA = ContextVar("CHECK_DATA", 1)  # 0: no checks of index and label values on the device (bench/ measures them)
+
+
+def _index_wide_enough(index: Tensor, size: sint) -> Tensor:
+    """A signed index whose dtype cannot hold size - 1 (int8 into 300 rows) in int32 (int64 for a size past int32),
+    so that wrapping a negative one (index + size) is exact."""
+    dt = index.dtype
+    if dtypes.is_unsigned(dt) or not isinstance(size, int) or size - 1 <= dtypes.max(dt):
+        return index
+    return index.cast(dtypes.int32 if size - 1 <= dtypes.max(dtypes.int32) else dtypes.int64)
+
+
+def _index_outside(index: Tensor, low: int, size: sint) -> Tensor:
+    """Where an index is outside [low, size), compared exactly in its own dtype: a bound the dtype cannot reach is not
+    compared (-3 in uint8 would be 253, 300 in uint8 44), and an index of floats as it is."""
+    if not dtypes.is_int(index.dtype):
+        return (index < low) | (index >= size)
+    dt, parts = index.dtype, []
+    if dtypes.min(dt) < low:
+        parts.append(index < low)
+    if isinstance(size, int) and size <= dtypes.max(dt):
+        parts.append(index >= size)
+    if not parts:
+        return Tensor.full(index.shape, False, dtype=dtypes.bool, device=index.device)
+    return parts[0] | parts[1] if len(parts) == 2 else parts[0]
+
+
+def _gathers(x: Tensor, index: Tensor, shape: tuple[sint, ...]) -> bool:
+    """Whether `index` picks from `x` by a load at the index (F.Gather) into a result of `shape`: both one device's
+    plain (unsharded) tensors of int sizes, on a device that runs kernels, with something to read and to compute. The
+    others (a sharded tensor, a symbolic size) take the one-hot form."""
+    lb, ib = x.lazydata, index.lazydata
+    return (
+        type(lb) is LazyBuffer
+        and type(ib) is LazyBuffer
+        and dtypes.is_int(index.dtype)
+        and all_int(x.shape)
+        and all_int(shape)
+        and x.numel() > 0
+        and prod(shape) > 0
+        and not Device.storage_only(lb.device)
+    )
 
 
 def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOfRangeError) -> Tensor:

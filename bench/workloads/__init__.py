@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from bench.workloads import checks, conv, dispatch, elementwise, first_call, matmul, reduce, train
+from bench.workloads import checks, conv, dispatch, elementwise, embedding, first_call, matmul, reduce, train
 
 WORKLOADS: dict[str, ModuleType] = {
     "a": matmul,
@@ -15,4 +15,5 @@ WORKLOADS: dict[str, ModuleType] = {
     "f": train,
     "g": first_call,
     "i": checks,
+    "l": embedding,
 }

@@ -430,6 +430,7 @@ class Kernel:
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
         _check(leaf not in self.staged, f"{opt}: that input is staged already")
+        _check(not leaf.src, f"{opt}: a gathered input is read where its index says, not in a tile")
         local_axes = range(self.first_reduce - self.local_dims, self.first_reduce)
         axes = self.stage_axes(leaf)
         _check(any(a not in axes for a in local_axes), f"{opt}: no work item reuses what another loads")
@@ -449,6 +450,7 @@ class Kernel:
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
         _check(leaf not in self.packed, f"{opt}: that input is packed already")
+        _check(not leaf.src, f"{opt}: a gathered input is read where its index says, not in a block")
         _check(leaf.arg.idx != 0, f"{opt}: the kernel's output: a copy made early would miss the kernel's own writes")
         axes = self.pack_axes(leaf)
         _check(

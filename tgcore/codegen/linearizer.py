@@ -70,7 +70,7 @@ def index_dtype_of(k: Kernel) -> DType:
         )
     if space > INT32_MAX:
         return dtypes.int64
-    if any(leaf.arg.st.real_size() > INT32_MAX for leaf in k.leaves if leaf.op is not BufferOps.CONST):
+    if any(leaf.arg.real_size() > INT32_MAX for leaf in k.leaves if leaf.op is not BufferOps.CONST):
         return dtypes.int64
     return dtypes.int32
 
@@ -293,7 +293,7 @@ class Linearizer:
         iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape[: k.first_upcast]])
         self.op_estimate = n_alu * iterations
         self.mem_estimate = sum(
-            leaf.arg.dtype.itemsize * leaf.arg.st.real_size() for leaf in k.leaves if leaf.op is not BufferOps.CONST
+            leaf.arg.dtype.itemsize * leaf.arg.real_size() for leaf in k.leaves if leaf.op is not BufferOps.CONST
         )
         self.uops = self.header + self.uops
         return self.uops
@@ -512,6 +512,8 @@ class Linearizer:
     def _lower(self, op: LazyOp) -> list[Value]:
         if op.op in ReduceOps:
             return self.reduce(op)
+        if op.op is BufferOps.LOAD and op.src:
+            return self._lower_gather(op)
         if op.op in (BufferOps.CONST, BufferOps.LOAD):
             return [self._lower_group(op, g) for g in range(self.n_groups)]
         srcs = [self.lower(s) for s in op.src]
@@ -542,6 +544,64 @@ class Linearizer:
             return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], self.node(idx)))
         lane_combo, combos = self.index_nodes(op)
         return tuple(self._lower_leaf(op, *self.access(op, lane_combo[lane])) for lane in self._group_lanes(g))
+
+    def _lower_gather(self, op: LazyOp) -> list[Value]:
+        """A gathered LOAD (its arg a GatherBuffer, its src the index expression): each lane reads at its access plus
+        its index's offset, and 0 where its index is out of range (no check ran: as the one-hot form gave); a group
+        whose lanes share one index and read consecutive elements is one vector load."""
+        dt, buf = op.arg.dtype, self.buffers[op.arg.idx]
+        lane_combo = self.index_nodes(op)[0]
+        zero = self.const(0, dt)
+        out: list[Value] = []
+        for g, index in enumerate(self.lower(op.src[0])):
+            picks = [self._gather_offset(op, i) for i in self._scalars(index)]
+            if self._vectorizable(dt) and all(p[0] is picks[0][0] and p[1] is picks[0][1] for p in picks):
+                if (first := self._contiguous(op, g)) is not None:
+                    offset, inside = picks[0]
+                    v = self.uop(UOps.LOAD, dt.vec(self.width), (buf, self._gather_address(first, offset, op)))
+                    if inside is None:
+                        out.append(v)
+                    else:
+                        out.append(tuple(self.alu(TernaryOps.WHERE, dt, inside, x, zero) for x in self._scalars(v)))
+                    continue
+            lanes = []
+            for lane, (offset, inside) in zip(self._group_lanes(g), picks):
+                idx, valid = self.access(op, lane_combo[lane])
+                if isinstance(valid, NumNode):  # (never valid: a pad's zeros)
+                    lanes.append(zero)
+                    continue
+                at = self._gather_address(idx, offset, op)
+                gate = inside if valid is None else self.node(valid)
+                if valid is not None and inside is not None:
+                    gate = self.alu(BinaryOps.AND, dtypes.bool, gate, inside)
+                lanes.append(self.uop(UOps.LOAD, dt, (buf, at) if gate is None else (buf, at, gate, zero)))
+            out.append(tuple(lanes))
+        return out
+
+    def _gather_offset(self, op: LazyOp, index: UOp) -> tuple[UOp, Optional[UOp]]:
+        """The element offset a gathered index value selects, and whether the value is in range (None: always). The
+        offset is of the value clamped to [0, size) in its own dtype, so that every load stays inside the buffer even
+        where no check ran; in the index dtype, times the axis's stride."""
+        size, stride, dt = op.arg.size, op.arg.stride, index.dtype
+        assert dt is not None and dtypes.is_int(dt), f"a gather index must be an integer, got {dt}"
+        v = index
+        if not dtypes.is_unsigned(dt):
+            v = self.alu(BinaryOps.MAX, dt, v, self.const(0, dt))
+        if size - 1 < dtypes.max(dt):
+            last = self.const(size - 1, dt)
+            v = self.alu(TernaryOps.WHERE, dt, self.alu(BinaryOps.CMPLT, dtypes.bool, last, v), last, v)
+        inside = None if v is index else self.alu(BinaryOps.CMPEQ, dtypes.bool, v, index)  # (clamping changed nothing)
+        if stride == 0 or size <= 1:
+            return self.const(0, self.index_dtype), inside
+        if dt != self.index_dtype:
+            v = self.uop(UOps.CAST, self.index_dtype, (v,))
+        return (v if stride == 1 else self.alu(BinaryOps.MUL, self.index_dtype, v, self.node(stride))), inside
+
+    def _gather_address(self, idx: Node, offset: UOp, op: LazyOp) -> UOp:
+        """The flat index `idx` of an access plus a gathered offset (whose values lie between 0 and (size-1)*stride)."""
+        reach = (op.arg.size - 1) * op.arg.stride
+        self.check_index(idx.min + min(reach, 0), idx.max + max(reach, 0))
+        return self.alu(BinaryOps.ADD, self.index_dtype, self.node(idx), offset)
 
     def _group_lanes(self, g: int) -> range:
         return range(g * self.width, (g + 1) * self.width)

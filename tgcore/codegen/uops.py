@@ -15,7 +15,9 @@ of the same list. The kinds, as `op: dtype; src; arg`:
   (local); size an int, or a Node (a symbolic launch) whose Variables carry their identifiers as names
 - RANGE: the index dtype; (start, end); (axis, is_reduce): a loop variable, from start up to end (exclusive)
 - ENDRANGE: None; (RANGE,); None: closes the loop
-- LOAD: element dtype; (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false
+- LOAD: element dtype; (buffer, index) or (buffer, index, gate, alt): reads alt where gate is false. The index is any
+  expression of the index dtype, one computed from loaded values too (a gather: an embedding lookup's row comes from
+  the token id the kernel loaded; the linearizer clamps such a value into the buffer before it enters the index)
 - STORE: None; (buffer, index, value) or (buffer, index, value, gate)
 - ALU: result dtype; operands; a UnaryOps / BinaryOps / TernaryOps
 - CAST: target dtype; (x,); None: value conversion

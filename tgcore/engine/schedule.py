@@ -9,6 +9,9 @@ Fusion rules:
 - A reduce whose result is read, unmoved, by exactly one kernel of its own shape (through elementwise ops
   only) joins that kernel too; otherwise it is a kernel of its own.
 - LoadOps (EMPTY, COPY, CONTIGUOUS, ASSIGN, CUSTOM) and the requested outputs are always realized.
+- A GATHER is inlined like an elementwise op, with its index expression: the kernel that reads it loads each element
+  at its index. The table it reads from is realized (its kernel must have run: the load's address is only known in
+  the kernel).
 """
 
 from __future__ import annotations
@@ -20,10 +23,22 @@ from typing import Any, Optional
 from tgcore.device import Device
 from tgcore.engine.realize import raise_if_counted
 from tgcore.lazy import LazyBuffer
-from tgcore.ops import BinaryOps, BufferOps, ConstBuffer, LazyOp, LoadOps, MemBuffer, ReduceOps, TernaryOps, UnaryOps
+from tgcore.ops import (
+    BinaryOps,
+    BufferOps,
+    ConstBuffer,
+    GatherBuffer,
+    IndexOps,
+    LazyOp,
+    LoadOps,
+    MemBuffer,
+    ReduceOps,
+    TernaryOps,
+    UnaryOps,
+)
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, Variable
-from tgcore.shape.view import _plain_ints
+from tgcore.shape.view import View, _plain_ints
 
 # elementwise ops with f(0, ..., 0) == 0: safe to compute on the zeros a pad's mask reads
 _PAD_SAFE = {
@@ -46,6 +61,7 @@ _PAD_SAFE = {
     TernaryOps.MULACC,
 }
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
+_INLINED = (UnaryOps, BinaryOps, TernaryOps, IndexOps)  # bases computed inside the kernels that read them
 # the most ops a kernel's expression nests (deeper chains are split into kernels, see _Graph._limit_kernels) and the
 # most buffers it reads; the deepest of tgcore's own composed functions (pow, through exp and log) nest about 90
 MAX_FUSED_DEPTH = 128
@@ -130,14 +146,14 @@ class _Graph:
             self.children.setdefault(sb, []).append((b, src))
             if sb.realized is not None:
                 continue
-            if b.op in (LoadOps.COPY, LoadOps.CUSTOM):
+            if b.op in (LoadOps.COPY, LoadOps.CUSTOM) or (b.op is IndexOps.GATHER and i == 0):
                 self.realizes[sb] = None
             if src is not sb and sb.op is not LoadOps.CONST:
                 if sb.op in ReduceOps:
                     self.realizes[sb] = None
                 elif any(v.mask is not None for v in src.st.views):
                     self.masked_reads.append(sb)
-                if isinstance(sb.op, _ELEMENTWISE) and _broadcasts(src.st):
+                if isinstance(sb.op, _INLINED) and _broadcasts(src.st):
                     self.expanded_reads.append((sb, b))
             if sb not in self.seen:
                 self._enter(sb)
@@ -271,7 +287,26 @@ class _KernelBuilder:
         if b.op in (LoadOps.CONTIGUOUS, LoadOps.ASSIGN):
             src = b.srcs[0]
             return self.read(src.base, src.st + st)
+        if b.op is IndexOps.GATHER:
+            return self._gather(b, st)
         return LazyOp(b.op, tuple(self.read(s.base, s.st + st) for s in b.srcs), b.arg)
+
+    def _gather(self, b: LazyBuffer, st: ShapeTracker) -> LazyOp:
+        """A GATHER read through `st`: a LOAD of the table (a realized buffer, read through one plain view) whose
+        tracker has the gathered axis at stride 0, and whose src is the index expression; the linearizer adds the
+        index (clamped) times that axis's stride."""
+        table, index = b.srcs
+        axis, view = b.arg, table.st.views[0]
+        strides = tuple(0 if a == axis else s for a, s in enumerate(view.strides))
+        access = ShapeTracker((View.create(b.shape, strides, view.offset),)) + st
+        arg = GatherBuffer(
+            self._buffer_index(table.base),
+            table.dtype,
+            self._unbind(access),
+            view.strides[axis],
+            table.shape[axis],
+        )
+        return LazyOp(BufferOps.LOAD, (self.read(index.base, index.st + st),), arg)
 
     def build(self) -> ScheduleItem:
         b = self.out
@@ -336,7 +371,7 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 # the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure (a set: ops
 # hash by identity, in C)
 _CACHEABLE = frozenset(
-    (*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, LoadOps.CONST, LoadOps.CONTIGUOUS, LoadOps.ASSIGN)
+    (*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, *IndexOps, LoadOps.CONST, LoadOps.CONTIGUOUS, LoadOps.ASSIGN)
 )
 _SCHEDULE_CACHE_SIZE = 4096
 # a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by

@@ -87,7 +87,7 @@ def _random_buffers(k: Kernel, device: str) -> Optional[list[Buffer]]:
     for leaf in k.leaves:
         if leaf.op is BufferOps.CONST:
             continue
-        size = leaf.arg.st.real_size()
+        size = leaf.arg.real_size()
         if not isinstance(size, int):
             return None
         prev = sizes.get(leaf.arg.idx, (0, leaf.arg.dtype))[0]

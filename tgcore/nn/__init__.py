@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
+import tgcore.function as F
 from tgcore.errors import ShapeError
 from tgcore.helpers import all_int, prod
 from tgcore.nn import optim, state  # noqa: F401  (tinygrad exposes them as nn.optim and nn.state)
-from tgcore.tensor import Tensor, _with_check
+from tgcore.tensor import Tensor, _gathers, _index_outside, _with_check
 
 __all__ = [
     "BatchNorm2d",
@@ -282,10 +283,19 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if idx.numel() == 0:
             return Tensor.zeros(*idx.shape, self.embed_sz, dtype=self.weight.dtype, device=self.weight.device)
-        # a row is picked by a one-hot mask (where, not multiply, so inf/NaN in other rows cannot leak in);
-        # the arange is not stored on the layer so that it never shows up in the state dict
+        bad = _index_outside(idx, 0, self.vocab_sz)
+        message = f"Embedding index out of range for {self.vocab_sz} rows"
+        k, dim = idx.ndim, self.embed_sz
+        out_shape = (*idx.shape, 1, dim)
+        if _gathers(self.weight, idx, out_shape):
+            # each row loaded at its index: the table seen as (1, ..., 1, vocab, dim), broadcast over the indices
+            table = self.weight.reshape((1,) * k + (self.vocab_sz, dim))
+            index = idx.reshape((*idx.shape, 1, 1))._broadcast_to(out_shape)
+            out = F.Gather.apply(table, index, axis=k).reshape((*idx.shape, dim))
+            return _with_check(out, bad, message)
+        # else (a sharded table, float indices) a row is picked by a one-hot mask (where, not multiply, so inf/NaN in
+        # other rows cannot leak in); the arange is not stored on the layer so that it never shows up in the state dict
         vocab = Tensor.arange(self.vocab_sz, requires_grad=False, device=self.weight.device).reshape(self.vocab_sz, 1)
         hit = idx.reshape(*idx.shape, 1, 1) == vocab
         out = hit.where(self.weight, 0).sum(-2)
-        bad = (idx < 0) | (idx >= self.vocab_sz)
-        return _with_check(out, bad, f"Embedding index out of range for {self.vocab_sz} rows")
+        return _with_check(out, bad, message)

@@ -357,3 +357,29 @@ def test_empty(executing: Target) -> None:
     assert_array("cat with an empty tensor", d, y.cat(Tensor.zeros(0, 3, device=d), dim=0).numpy(),
                  np.arange(6, dtype=np.float32).reshape(2, 3))
     assert_array("empty slice", d, y[1:1].numpy(), np.zeros((0, 3), np.float32))
+
+
+# ***** lookups: loads at an index computed from data *****
+
+@pytest.mark.tg_op("gather")
+@pytest.mark.parametrize("index_dtype", [I32, I64, U8], ids=lambda d: d.short_name)
+def test_lookups_load_at_the_index(executing: Target, index_dtype: DType) -> None:
+    """nn.Embedding, gather and x[Tensor] read each element at its index (a LOAD whose address comes from a loaded
+    value, vector-wide where the row is contiguous); an out-of-range index raises before anything reads it."""
+    from tgcore.errors import IndexOutOfRangeError
+    from tgcore.nn import Embedding
+
+    executing.require(index_dtype)
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((37, 32)).astype(np.float32)
+    idx = rng.integers(0, 37, (2, 5)).astype(ref.carrier(index_dtype))
+    emb = Embedding(37, 32)
+    emb.weight = Tensor(table, device=executing.name)
+    index = Tensor(idx, device=executing.name)
+    assert_array("Embedding(37, 32) of (2, 5) ids", executing.name, emb(index).numpy(), table[idx])
+    assert_array("x[Tensor (2, 5)] of (37, 32)", executing.name, emb.weight[index].numpy(), table[idx])
+    cols = (idx % 32).astype(idx.dtype)
+    got = emb.weight[:2].gather(1, Tensor(cols, device=executing.name)).numpy()
+    assert_array("gather(1, (2, 5) ids) of (2, 32)", executing.name, got, np.take_along_axis(table[:2], cols, 1))
+    with pytest.raises(IndexOutOfRangeError):
+        emb(Tensor(np.array([0, 37], dtype=ref.carrier(index_dtype)), device=executing.name)).numpy()
