@@ -2,3 +2,5 @@
 `python -m pytest --pyargs tg_conformance --device NAME`."""
 
 __version__ = "0.1.0"
+
+ENV_PRIVATE_CACHE = "TG_CONFORMANCE_PRIVATE_CACHE"  # the CLI sets it to the path of the run's own compile cache
