@@ -144,7 +144,8 @@ class ConformanceReport:
         ran = sum(counts[k] for k in ("passed", "failed", "xfailed", "xpassed"))
         passed = counts["passed"] + counts["xpassed"]
         others = [f"{counts[k]} {k}" for k in ("failed", "xfailed", "xpassed", "skipped") if counts[k]]
-        line = (f"tg-conformance {self.target.name} ({self.target.mode} mode): {'FAIL' if counts['failed'] else 'PASS'}"
+        word = "FAIL" if counts["failed"] else "PASS" if ran else "NO TEST RAN"
+        line = (f"tg-conformance {self.target.name} ({self.target.mode} mode): {word}"
                 f": {passed} of {ran} passed" + (f" ({', '.join(others)})" if others else ""))
         first = next((r for r in self.results.values() if r["outcome"] == "failed"), None)
         if first is not None:
@@ -160,6 +161,8 @@ class ConformanceReport:
 
     def summarize(self, terminalreporter: Any) -> None:
         tr = terminalreporter
+        if tr.config.option.collectonly:
+            return
         elapsed = time.perf_counter() - self.start
         t = self.target
         counts = self.counts()
