@@ -7,5 +7,5 @@ from tgcore.helpers import Context, GlobalCounters, fetch
 from tgcore.shape.symbolic import Variable
 from tgcore.tensor import Tensor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Tensor", "TinyJit", "Device", "dtypes", "Context", "GlobalCounters", "Variable", "fetch"]

@@ -17,7 +17,7 @@ from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 from tgcore.renderer.scratch import process_folder
 
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 DEVICE = "CLANG"
 _LOG_LINES = 6  # of a failed build's log, in the reason CLANG is unavailable
 

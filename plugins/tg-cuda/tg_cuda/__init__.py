@@ -27,7 +27,7 @@ from tg_cuda.renderer import CUDARenderer
 from tg_cuda.runtime import CUDAProgram
 from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def probe(instance: str = DEVICE) -> Optional[str]:

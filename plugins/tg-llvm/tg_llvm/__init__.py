@@ -9,7 +9,7 @@ from tg_llvm.renderer import LLVMRenderer
 from tgcore.device import MallocAllocator
 from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 DEVICE = "LLVM"
 
 

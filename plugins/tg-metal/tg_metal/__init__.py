@@ -20,7 +20,7 @@ from tg_metal.runtime import MetalProgram
 from tgcore.dtype import DType, dtypes
 from tgcore.plugin import ALL_DTYPES, DEFAULT_TOLERANCES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 DEVICE = "METAL"
 
 

@@ -15,7 +15,7 @@ from tg_opencl.runtime import OpenCLProgram
 from tgcore.dtype import DType, dtypes
 from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 # what every OpenCL device computes (bfloat16 in float: see renderer.py); half and double only where every device
 # reports cl_khr_fp16 / cl_khr_fp64
 BASE_DTYPES: tuple[DType, ...] = tuple(dt for dt in ALL_DTYPES if dt not in (dtypes.float16, dtypes.float64))

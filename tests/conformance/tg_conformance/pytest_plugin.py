@@ -15,6 +15,12 @@ OPTIONS: list[tuple[str, dict]] = [
     ("--render-only", {"action": "store_true", "default": False,
                        "help": "tg-conformance: only render every kernel"}),
     ("--tg-json", {"default": None, "metavar": "PATH", "help": "tg-conformance: write the JSON report to PATH"}),
+    ("--tg-level", {"default": None, "type": int, "metavar": "N",
+                    "help": "tg-conformance: run levels 1 to N only"}),
+    ("--tg-xfail-file", {"default": [], "action": "append", "metavar": "FILE",
+                         "help": "tg-conformance: tests expected to fail, one id or pattern a line with '# reason'"}),
+    ("--tg-skip-file", {"default": [], "action": "append", "metavar": "FILE",
+                        "help": "tg-conformance: tests not to run, one id or pattern a line with '# reason'"}),
 ]
 
 
