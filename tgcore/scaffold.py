@@ -363,10 +363,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from @PACKAGE@ import DEVICE
 from tgcore import Device, Tensor
 from tgcore.device import CompileError
-
-from @PACKAGE@ import DEVICE
 
 
 def test_elementwise_kernel_matches_numpy() -> None:
