@@ -236,16 +236,19 @@ class @CLASS@Renderer(CStyleLanguage):
     the order of the kernel's DEFINE_GLOBALs, then its DEFINE_VARs as int32."""
 
     device = "@DEVICE@"
-    # global_max None (the base's default): the kernel's global dimensions become loops inside it, as a CPU runs them.
-    # What to change first for speed: vector_widths (e.g. {dtypes.float32: 8} for AVX), see docs/plugins.md
-    # C types of a fixed width wherever the dtype's name is not one (char's sign and long's size vary by platform)
+    # global_max is None (the base's default): the kernel's global dimensions become loops inside it, as a CPU runs
+    # them. For speed, set vector_widths first (e.g. {dtypes.float32: 8} for AVX): see tgcore's docs/plugins.md
+
+    # C types of a fixed width where a dtype's own name is not one (char's sign and long's size vary by platform)
     type_map = {
+        **CStyleLanguage.type_map,
         dtypes.int8: "signed char",
         dtypes.int64: "long long",
         dtypes.uint64: "unsigned long long",
     }
 
     def render(self, name: str, uops: list) -> str:
+        # the base renders the kernel alone: the headers it needs go in front
         return PRELUDE + super().render(name, uops)
 '''
 
