@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from tgcore.plugin import plugins
+from tgcore.device import plugins
 
 __all__ = ["PluginNames", "ScaffoldError", "check_unused", "main", "plugin_files", "plugin_names", "write_plugin"]
 
@@ -424,7 +424,7 @@ suite after each change.
     python -m tgcore devices              # @DEVICE@ should say "available"
     pytest @DIST@/tests
     tg-conformance --device @DEVICE@      # the op x dtype table, a JSON report, exit 1 on any failure
-    tox -c @DIST@                         # both, in a fresh venv (see tox.ini for where tgcore comes from)
+    tox -c @DIST@/tox.ini                 # both, in a fresh venv (see tox.ini for where tgcore comes from)
 
 | file | the part | hook |
 |---|---|---|

@@ -14,8 +14,8 @@ import pytest
 
 from tgcore import Device, Tensor
 from tgcore.__main__ import main as tgcore_main
-from tgcore.device import CompileError
-from tgcore.plugin import plugins
+from tgcore.device import CompileError, plugins
+from tgcore.plugin import plugin_module
 from tgcore.scaffold import ScaffoldError, plugin_files, plugin_names, write_plugin
 
 NAME = "scaffoldunit"  # a device no plugin here registers
@@ -43,6 +43,16 @@ def test_a_name_that_is_not_an_identifier_is_refused(bad: str, tmp_path: pathlib
 def test_a_name_of_an_existing_device_is_refused(taken: str, tmp_path: pathlib.Path) -> None:
     with pytest.raises(ScaffoldError, match=f"device {taken.upper()} already exists.*choose another name"):
         write_plugin(taken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_name_of_an_installed_plugin_is_refused(tmp_path: pathlib.Path) -> None:
+    plugins.register(plugin_module("scaffoldtaken"), name="scaffoldtaken")  # a plugin that registers no device
+    try:
+        with pytest.raises(ScaffoldError, match="a plugin named 'scaffoldtaken' is already installed"):
+            write_plugin("scaffoldtaken", tmp_path / "out")
+    finally:
+        plugins.unregister("scaffoldtaken")
     assert not (tmp_path / "out").exists()
 
 
