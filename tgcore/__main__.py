@@ -43,8 +43,19 @@ def devices() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tgcore", description=__doc__)
-    parser.add_argument("command", choices=["devices", "info"], help="devices: list plugins and devices")
-    parser.parse_args(argv)
+    parser.add_argument(
+        "command",
+        choices=["devices", "info", "new-plugin"],
+        help="devices: list plugins and devices; new-plugin NAME [--dir DIR]: write a device plugin package",
+    )
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # the subcommand's own
+    args = parser.parse_args(argv)
+    if args.command == "new-plugin":
+        from tgcore.scaffold import main as new_plugin
+
+        return new_plugin(args.args)
+    if args.args:
+        parser.error(f"{args.command} takes no arguments, got {' '.join(args.args)}")
     return devices()
 
 
