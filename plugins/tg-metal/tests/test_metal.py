@@ -37,6 +37,7 @@ from tg_metal.syntax import ENV_CHECK, ENV_CXX, MetalSyntaxError, check_syntax, 
 from tgcore import Device, Tensor, dtypes
 from tgcore import device as core_device
 from tgcore.codegen.kernel import Kernel
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import CompileError, DeviceUnavailable
 from tgcore.dtype import DType, PtrDType
@@ -306,7 +307,7 @@ def test_every_front_end_parses_linearized_kernels(cxx: Optional[str], monkeypat
     for out in outs:
         for si in out.schedule():
             if si.ast.op is BufferOps.STORE:
-                Kernel(si.ast, MetalRenderer()).to_program()  # raises MetalSyntaxError if it does not parse
+                to_program(Kernel(si.ast, MetalRenderer()))  # raises MetalSyntaxError if it does not parse
                 count += 1
     assert count >= 4
 
@@ -698,7 +699,7 @@ def test_a_hostile_variable_name_renders_and_parses(index: int, tmp_path: Any, m
     marker = tmp_path / "pwned"
     name = hostile_names(str(marker))[index]
     for out in _hostile_kernels(name, "PYTHON")[0]:
-        program = Kernel(out.schedule()[-1].ast, MetalRenderer()).to_program()  # MetalSyntaxError if it does not parse
+        program = to_program(Kernel(out.schedule()[-1].ast, MetalRenderer()))  # MetalSyntaxError if it does not parse
         assert name not in program.src or name.isidentifier()  # (a plain word may be part of others: int, acc0)
     assert not marker.exists() and not os.listdir(tmp_path)
 
