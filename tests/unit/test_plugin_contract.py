@@ -25,9 +25,9 @@ from tgcore.plugin import (
     numpy_dtype,
     part_for,
     plugin_module,
-    version_refusal,
     vector_register_bytes,
     vector_widths,
+    version_refusal,
 )
 from tgcore.registry import plugins
 from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer

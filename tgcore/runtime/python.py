@@ -94,6 +94,8 @@ class PythonRenderer(Renderer):
 class PythonCompiler(Compiler):
     """Checks the serialized program parses; the bytes are the program."""
 
+    identity = "none: the serialized uop list is the program"
+
     def compile(self, src: str) -> bytes:
         try:
             json.loads(src)["uops"]

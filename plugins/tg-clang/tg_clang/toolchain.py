@@ -84,6 +84,11 @@ class Toolchain:
         """The compiler's file name (gcc, clang, cc, ...)."""
         return os.path.basename(self.cc)
 
+    @property
+    def version(self) -> str:
+        """The compiler's version as it states it (its __VERSION__ macro: "12.2.0", "Clang 14.0.6"), "" if unsaid."""
+        return next((value.strip('"') for name, value in self.macros if name == "__VERSION__"), "")
+
     def defines(self, macro: str) -> bool:
         return any(name == macro for name, _ in self.macros)
 

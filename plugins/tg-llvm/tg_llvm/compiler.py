@@ -30,6 +30,12 @@ def host_cpu() -> tuple[Any, str, str]:
     return target, binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten()
 
 
+def _llvmlite_version() -> str:
+    import llvmlite
+
+    return str(llvmlite.__version__)
+
+
 def host_vector_bytes() -> int:
     """Bytes in one vector register of this CPU: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
     features = host_cpu()[2].split(",")
@@ -111,6 +117,8 @@ class LLVMCompiler(Compiler):
         # exported names carry a digest of the source, which objects cached before that did not)
         cpu = re.sub(r"\W", "_", cpu_name)
         self.cachekey = f"compile_llvm_{version}_{cpu}_{features}_u_O{self.opt}"
+        llvm_version = ".".join(map(str, binding.llvm_version_info))
+        self.identity = f"llvmlite {_llvmlite_version()} (LLVM {llvm_version}) -O{self.opt} -mcpu={cpu_name}"
 
     def compile(self, src: str) -> bytes:
         binding = llvm()
