@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
-import inspect
 import mmap
 import sys
 import threading
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
 import numpy as np
 import pluggy
 
-from tgcore.dtype import DType, dtypes
+from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.helpers import diskcache_get, diskcache_put, getenv
 
 if TYPE_CHECKING:
@@ -541,27 +540,22 @@ class HookSpecs:
 Part = TypeVar("Part")
 
 
-def part_for(device: str, make: Callable[..., Part]) -> Callable[[str, str], Optional[Part]]:
-    """A part hook that answers only for `device`: `make()` (or `make(instance)` when `make` takes an argument) for
-    it, None for every other device. Mark it with `hookimpl` by giving it a hook's name in the plugin module:
+def part_for(
+    device: str, make: Callable[..., Part], per_instance: bool = False
+) -> Callable[[str, str], Optional[Part]]:
+    """A part hook (marked as a hookimpl) that answers only for `device`: `make()`, or `make(instance)` with
+    `per_instance`, for it, None for every other device. It becomes the plugin's hook by the name it is given:
 
         tg_compiler = part_for("MYDEV", MyCompiler)
-        tg_allocator = part_for("MYDEV", lambda instance: MyAllocator(instance_index(instance)))
+        tg_allocator = part_for("MYDEV", lambda instance: MyAllocator(instance_index(instance)), per_instance=True)
         tg_runtime = part_for("MYDEV", lambda: MyProgram)
     """
-    try:
-        takes_instance = bool(inspect.signature(make).parameters)
-    except (TypeError, ValueError):
-        takes_instance = False
+    mine = device
 
-    def part(device_name: str, instance: str) -> Optional[Part]:
-        if device_name != device:
+    def hook(device: str, instance: str) -> Optional[Part]:  # (pluggy passes the arguments by these names)
+        if device != mine:
             return None
-        return make(instance) if takes_instance else make()
-
-    # pluggy passes the arguments by the hook's names
-    def hook(device: str, instance: str) -> Optional[Part]:
-        return part(device, instance)
+        return make(instance) if per_instance else make()
 
     return hookimpl(hook)
 
@@ -617,9 +611,12 @@ def vector_widths(vector_bytes: int, of: Iterable[DType]) -> dict[DType, int]:
 
 @functools.lru_cache(maxsize=None)
 def numpy_dtype(dtype: DType) -> np.dtype:
-    """The numpy type of a tgcore dtype's elements; bfloat16, which numpy lacks, as its bits (uint16)."""
+    """The numpy type that holds a tgcore dtype's values (a pointer dtype's: its elements'); bfloat16, which numpy
+    lacks, in float32 (which holds every bfloat16 value exactly)."""
+    if isinstance(dtype, PtrDType):
+        dtype = dtype.base
     if dtype == dtypes.bfloat16:
-        return np.dtype(np.uint16)
+        return np.dtype(np.float32)
     if dtype.np is None:
         raise ValueError(f"dtype {dtype} has no numpy type: expected one of {[str(d) for d in ALL_DTYPES]}")
     return np.dtype(dtype.np)

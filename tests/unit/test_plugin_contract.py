@@ -194,7 +194,7 @@ def test_program_base_documents_and_refuses_an_unimplemented_call():
 
 def test_part_for_answers_only_for_its_device():
     plain = part_for("MYDEV", PythonCompiler)
-    per_instance = part_for("MYDEV", lambda instance: instance)
+    per_instance = part_for("MYDEV", lambda instance: instance, per_instance=True)
     assert isinstance(plain("MYDEV", "MYDEV"), PythonCompiler) and plain("OTHER", "OTHER") is None
     assert per_instance("MYDEV", "MYDEV:3") == "MYDEV:3" and per_instance("OTHER", "OTHER:1") is None
     assert plain.tgcore_impl is not None  # (marked as a hookimpl)
@@ -235,4 +235,4 @@ def test_vector_helpers():
 
 def test_numpy_dtype():
     assert numpy_dtype(dtypes.float32) == np.float32 and numpy_dtype(dtypes.int64) == np.int64
-    assert numpy_dtype(dtypes.bfloat16) == np.uint16
+    assert numpy_dtype(dtypes.bfloat16) == np.float32

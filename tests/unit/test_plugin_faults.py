@@ -349,7 +349,7 @@ def test_a_plugin_that_exits_at_import_does_not_end_the_program_nor_move_tensors
     assert out.stdout.splitlines() == ["FAST [2.0, 3.0]", "failed to import tgfake_aexit: SystemExit: 3"]
     out = run_python(tmp_path, ["-m", "tgcore", "devices"], "aexit,fast")
     assert out.returncode == 0, out.stderr
-    assert "error: failed to import tgfake_aexit: SystemExit: 3" in out.stdout
+    assert "failed (failed to import tgfake_aexit: SystemExit: 3)" in out.stdout
     assert "default device: FAST" in out.stdout
 
 

@@ -370,4 +370,4 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-tg_allocator = part_for(DEVICE, DiskAllocator)  # one per instance: a file each
+tg_allocator = part_for(DEVICE, DiskAllocator, per_instance=True)  # one per instance: a file each

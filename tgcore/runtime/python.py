@@ -26,6 +26,7 @@ from tgcore.plugin import (
     Program,
     Renderer,
     hookimpl,
+    numpy_dtype,
     part_for,
 )
 from tgcore.shape.symbolic import Node
@@ -105,8 +106,7 @@ class PythonCompiler(Compiler):
 
 
 def _np_type(dt: DType) -> type:
-    base = dt.base if isinstance(dt, PtrDType) else dt
-    return np.float32 if base == dtypes.bfloat16 else base.np  # type: ignore[return-value]
+    return numpy_dtype(dt).type
 
 
 class PythonProgram(Program):

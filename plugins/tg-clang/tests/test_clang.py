@@ -22,8 +22,8 @@ from tg_conformance.target import Target
 
 from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes
 from tgcore.codegen.program import to_program
-from tgcore.device import CompileError
 from tgcore.ops import BinaryOps
+from tgcore.plugin import CompileError
 from tgcore.renderer import scratch
 
 

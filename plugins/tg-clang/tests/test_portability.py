@@ -25,10 +25,10 @@ from tg_conformance.target import RUN, Target
 from tgcore import Device, Tensor, dtypes
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
-from tgcore.device import CompileError
 from tgcore.dtype import bf16_round
 from tgcore.engine.realize import get_kernel
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
+from tgcore.plugin import CompileError
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 # CPUs without AVX-512 (v2: SSE4.2, no FMA or F16C; v3: AVX2, FMA, F16C) and with AVX-512 but not AVX512-FP16

@@ -18,8 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
-from tgcore.device import CompileError
 from tgcore.helpers import diskcache_get, diskcache_put
+from tgcore.plugin import CompileError
 
 MARCH_ENV = "TG_CLANG_MARCH"
 DEFAULT_MARCH = "native"

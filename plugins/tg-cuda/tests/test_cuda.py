@@ -21,10 +21,10 @@ from tg_cuda.runtime import launch_dims
 
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps, plain_index_ops
-from tgcore.device import CompileError, Device, DeviceUnavailable
+from tgcore.device import Device, DeviceUnavailable
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
-from tgcore.plugin import ALL_DTYPES, plugins
+from tgcore.plugin import ALL_DTYPES, CompileError, plugins
 
 
 def _driver_loads() -> bool:

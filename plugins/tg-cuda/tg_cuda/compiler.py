@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tg_cuda.nvrtc import NVRTC, load_nvrtc, nvidia_dirs
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 from tgcore.renderer.scratch import compile_folder
 
 ARCH_ENV = "TG_CUDA_ARCH"

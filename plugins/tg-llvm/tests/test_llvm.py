@@ -36,11 +36,11 @@ from uop_kernels import (
 from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import Buffer, CompileError
+from tgcore.device import Buffer
 from tgcore.dtype import DType, PtrDType
 from tgcore.engine.realize import get_kernel
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
-from tgcore.plugin import ALL_DTYPES
+from tgcore.plugin import ALL_DTYPES, CompileError
 
 ALL = [dtypes.bool, *INTS, *FLOATS]
 ALU_CASES = [(op, dt) for dt in ALL for op in ops_for(dt)]

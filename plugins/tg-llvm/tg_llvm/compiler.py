@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,10 +39,11 @@ from tgcore import device as core_device
 from tgcore.codegen.kernel import Kernel
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import CompileError, DeviceUnavailable
+from tgcore.device import DeviceUnavailable
 from tgcore.dtype import DType, PtrDType
 from tgcore.engine import realize
 from tgcore.ops import BinaryOps, BufferOps, TernaryOps
+from tgcore.plugin import CompileError
 
 DEV = "METAL"
 ON_MACOS = sys.platform == "darwin"
@@ -104,7 +105,7 @@ def test_importing_the_plugin_imports_no_pyobjc() -> None:
         import sys, tg_metal
         from tgcore import Device
         Device.status("METAL")
-        tg_metal.tg_renderer("METAL").render
+        tg_metal.tg_renderer("METAL", "METAL").render
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("Metal", "objc", "libdispatch", "Foundation")))
         """
     )
@@ -124,8 +125,8 @@ def test_device_spec() -> None:
 def test_off_macos_only_the_renderer_is_given() -> None:
     assert Device.status(DEV) == "Metal needs macOS (this is Linux)"
     assert tg_metal.probe() == "Metal needs macOS (this is Linux)"
-    assert isinstance(tg_metal.tg_renderer(device="METAL"), MetalRenderer)
-    assert tg_metal.tg_renderer(device="OPENCL") is None
+    assert isinstance(tg_metal.tg_renderer(device="METAL", instance="METAL"), MetalRenderer)
+    assert tg_metal.tg_renderer(device="OPENCL", instance="OPENCL") is None
     assert tg_metal.tg_compiler(device="METAL", instance="METAL") is None
     assert tg_metal.tg_allocator(device="METAL", instance="METAL:1") is None
     assert tg_metal.tg_runtime(device="METAL") is None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tg_metal.context import MetalContext, describe
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 _MAGIC = b"TGMT"
 _HEADER = struct.Struct("<4sBBxxQ")

@@ -14,7 +14,7 @@ import struct
 import warnings
 
 from tg_opencl.cl_platform import OpenCLPlatform
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 _MAGIC = b"TGCL"
 SOURCE_KEY = "#source"
