@@ -35,7 +35,7 @@ from tg_metal.runtime import MetalProgram, threads_per_threadgroup
 from tg_metal.syntax import ENV_CHECK, ENV_CXX, MetalSyntaxError, check_syntax, find_cxx
 
 from tgcore import Device, Tensor, dtypes
-from tgcore import device as core_device
+from tgcore import plugin as contract
 from tgcore.codegen.kernel import Kernel
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
@@ -115,7 +115,7 @@ def test_importing_the_plugin_imports_no_pyobjc() -> None:
 
 def test_device_spec() -> None:
     spec = Device.specs()[DEV]
-    assert spec.priority == 40 and spec.api_version == tg_metal.PLUGIN_API_VERSION
+    assert spec.priority == 40 and spec.api_version == tg_metal.API_VERSION == (2, 0)
     assert dtypes.float64 not in spec.dtypes and dtypes.int64 in spec.dtypes and dtypes.float16 in spec.dtypes
     assert not ON_MACOS or tg_metal._macos_major() >= 14 or dtypes.bfloat16 not in spec.dtypes
     assert all(dt in spec.tolerances for dt in spec.dtypes if dtypes.is_float(dt))
@@ -485,9 +485,9 @@ def fake_mac(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
         monkeypatch.setattr(Device, attr, {})
     monkeypatch.setattr(realize, "_runner_cache", {})
     # programs compiled by the fake stay out of the caches
-    monkeypatch.setattr(core_device, "_compiled", {})
-    monkeypatch.setattr(core_device, "diskcache_get", lambda table, key: None)
-    monkeypatch.setattr(core_device, "diskcache_put", lambda table, key, value: value)
+    monkeypatch.setattr(contract, "_compiled", {})
+    monkeypatch.setattr(contract, "diskcache_get", lambda table, key: None)
+    monkeypatch.setattr(contract, "diskcache_put", lambda table, key, value: value)
     yield SimpleNamespace(device=device, context=metal_context.get_context(DEV), metal=metal)
 
 
