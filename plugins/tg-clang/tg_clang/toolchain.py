@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tgcore.helpers import diskcache_get, diskcache_put
-from tgcore.plugin import CompileError
+from tgcore.plugin import CompileError, vector_register_bytes, vector_register_count
 
 MARCH_ENV = "TG_CLANG_MARCH"
 DEFAULT_MARCH = "native"
@@ -93,14 +93,20 @@ class Toolchain:
         return any(name == macro for name, _ in self.macros)
 
     @property
+    def features(self) -> set[str]:
+        """The vector features the target has, by the macros the compiler predefines ("avx", "avx512f")."""
+        return {name for name, macro in (("avx", "__AVX__"), ("avx512f", "__AVX512F__")) if self.defines(macro)}
+
+    @property
     def vector_bytes(self) -> int:
         """Bytes in one vector register of the target: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
-        return 64 if self.defines("__AVX512F__") else 32 if self.defines("__AVX__") else 16
+        return vector_register_bytes(self.features)
 
     @property
     def vector_registers(self) -> int:
         """Vector registers of the target: 32 with AVX-512 and on AArch64, else 16 (SSE, AVX, AVX2)."""
-        return 32 if self.defines("__AVX512F__") or self.defines("__aarch64__") else 16
+        x86 = self.defines("__x86_64__") or self.defines("__i386__")
+        return vector_register_count(self.features, x86) if x86 or self.defines("__aarch64__") else 16
 
     @property
     def flags(self) -> list[str]:

@@ -43,7 +43,7 @@ from tgcore.device import DeviceUnavailable
 from tgcore.dtype import DType, PtrDType
 from tgcore.engine import realize
 from tgcore.ops import BinaryOps, BufferOps, TernaryOps
-from tgcore.plugin import CompileError
+from tgcore.plugin import CompileError, InstanceCache
 
 DEV = "METAL"
 ON_MACOS = sys.platform == "darwin"
@@ -478,7 +478,7 @@ def fake_mac(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     device = fake.Device(CXX)
     metal = fake.metal_module(device)
     monkeypatch.setattr(metal_context, "import_metal", lambda: (metal, fake.dispatch_module()))
-    monkeypatch.setattr(metal_context, "_contexts", {})
+    monkeypatch.setattr(metal_context, "_contexts", InstanceCache(metal_context.open_context))
     monkeypatch.setattr(tg_metal, "_runs_here", tg_metal._is_mine)
     monkeypatch.setenv(ENV_CHECK, "0")  # the fake's compiler parses everything anyway
     for attr in ("_instances", "_status"):  # forget what the core learnt about METAL off this fake Mac
