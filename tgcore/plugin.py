@@ -561,8 +561,8 @@ def part_for(
 
 
 class InstanceCache(Generic[Part]):
-    """One object per device instance, made on first use and shared after (a GPU context, a command queue): the
-    thread-safe `dict.setdefault` that GPU plugins need for `tg_allocator`, their compilers and their Programs."""
+    """One object per numbered device instance, made on first use and shared after (a GPU context, a command queue):
+    the thread-safe `dict.setdefault` that GPU plugins need for `tg_allocator`, their compilers and their Programs."""
 
     def __init__(self, make: Callable[[str], Part]) -> None:
         self._make, self._lock = make, threading.Lock()
