@@ -14,7 +14,7 @@ from tgcore.registry import PluginRecord, plugins
 
 
 def plugin_state(record: PluginRecord) -> str:
-    """"loaded", "rejected (why)" (every device it registers is built for a plugin API this core does not serve) or
+    """ "loaded", "rejected (why)" (every device it registers is built for a plugin API this core does not serve) or
     "failed (error)" (it did not import, or broke the contract)."""
     if record.error:
         return f"failed ({record.error})"

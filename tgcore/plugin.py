@@ -624,9 +624,7 @@ def numpy_dtype(dtype: DType) -> np.dtype:
 
 def plugin_module(name: str, **hooks: Callable[..., Any]) -> types.SimpleNamespace:
     """A plugin object from plain functions, each marked as a hookimpl: handy for tests and small plugins."""
-    return types.SimpleNamespace(
-        __name__=name, **{k: v if _is_hookimpl(v) else hookimpl(v) for k, v in hooks.items()}
-    )
+    return types.SimpleNamespace(__name__=name, **{k: v if _is_hookimpl(v) else hookimpl(v) for k, v in hooks.items()})
 
 
 def _is_hookimpl(function: Any) -> bool:
@@ -644,4 +642,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module("tgcore.registry"), name)
     raise AttributeError(f"module 'tgcore.plugin' has no attribute {name!r}")
-
