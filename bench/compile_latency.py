@@ -59,13 +59,14 @@ def first_and_warm_call(
 def stages(device: str, rng: random.Random) -> tuple[float, float, float]:
     """Seconds to render (optimize and linearize included), compile, and load one new tgcore kernel."""
     from tgcore import Device, Tensor
+    from tgcore.codegen.program import to_program
     from tgcore.engine.realize import get_kernel
 
     x = Tensor(np.arange(SIZE, dtype=np.float32), device=device).realize()
     ast = expression(x, rng.uniform(1.0, 2.0)).schedule()[-1].ast
     dev = Device[device]
     t0 = time.perf_counter()
-    program = get_kernel(dev.renderer, ast, device).to_program()  # optimized, as the first call's kernel is
+    program = to_program(get_kernel(dev.renderer, ast, device))  # optimized, as the first call's kernel is
     t1 = time.perf_counter()
     lib = dev.compiler.compile(program.src)
     t2 = time.perf_counter()

@@ -1,212 +1,60 @@
-"""Devices as the core sees them: the Device registry, Buffers, and the base classes a plugin's parts derive from."""
+"""Devices as the core sees them: Buffers, device instances, and `Device` (which devices are usable, the default).
+
+The base classes a plugin's parts derive from live in the contract (tgcore/plugin.py); their old names here
+(`tgcore.device.Compiler`, `CompileError`, `Allocator`, `LRUAllocator`, `MallocAllocator`, ...) are re-exports."""
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import inspect
 import math
-import mmap
 import os
-import sys
 import threading
 import time
 import warnings
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
 
+from tgcore.codegen.program import render_check
 from tgcore.dtype import DType, dtypes
-from tgcore.helpers import DEBUG, GlobalCounters, diskcache_get, diskcache_put, getenv
-from tgcore.plugin import DeviceSpec, outside_stacklevel, plugins
+from tgcore.helpers import DEBUG, GlobalCounters
+from tgcore.plugin import (
+    ALIGNMENT,
+    HUGE_PAGE,
+    MAX_BUFFER_BYTES,
+    Allocator,
+    CompileError,
+    Compiler,
+    DeviceSpec,
+    LRUAllocator,
+    MallocAllocator,
+    Program,
+    Renderer,
+)
+from tgcore.registry import outside_stacklevel, plugins
 
-
-class CompileError(Exception):
-    """A kernel failed to compile; carries the compiler's log and the source.
-
-    Its text is short: the message, the log's first lines and the source lines the log points at, with the path of a
-    report that holds the whole log and source (tgcore/renderer/errors.py; written when the text is first asked for,
-    so that a caught error costs nothing)."""
-
-    def __init__(self, message: str, log: str = "", src: str = "") -> None:
-        super().__init__(message)
-        self.message, self.log, self.src = message, log, src
-        self._text: Optional[str] = None
-
-    def __reduce__(self) -> tuple[Any, ...]:  # a copy in another process keeps the log and the source
-        return (type(self), (self.message, self.log, self.src))
-
-    def __str__(self) -> str:
-        if self._text is None:
-            from tgcore.renderer.errors import compile_error_text
-
-            self._text = compile_error_text(self.message, self.log, self.src)
-        return self._text
+__all__ = [
+    "ALIGNMENT",
+    "HUGE_PAGE",
+    "MAX_BUFFER_BYTES",
+    "Allocator",
+    "Buffer",
+    "BufferOptions",
+    "CompileError",
+    "Compiled",
+    "Compiler",
+    "Device",
+    "DeviceFallbackWarning",
+    "DeviceUnavailable",
+    "LRUAllocator",
+    "MallocAllocator",
+    "probe_timeout",
+]
 
 
 class DeviceUnavailable(RuntimeError):
     """A device was asked for that is unknown, or known but not usable here; the message says why."""
-
-
-# ***** the parts a plugin provides *****
-
-
-class Compiler:
-    """Turns source text into the bytes its device's Program loads."""
-
-    cachekey: Optional[str] = None  # the disk-cache table for this compiler's output, None to not cache on disk
-
-    def compile(self, src: str) -> bytes:
-        raise NotImplementedError(f"{type(self).__name__} does not implement compile")
-
-    def compile_cached(self, src: str) -> bytes:
-        """compile(src), remembered in memory and (when cachekey is set) in the sqlite disk cache."""
-        key = (self.cachekey or f"{type(self).__module__}.{type(self).__qualname__}", src)
-        if (lib := _compiled.get(key)) is not None:
-            return lib
-        use_disk = self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0
-        if use_disk:
-            lib = diskcache_get(self.cachekey, src)
-        if lib is None:
-            try:
-                lib = self.compile(src)
-            except OSError as e:  # a plugin that let one through: its compiler (or a file it needs) is not there
-                raise CompileError(
-                    f"{type(self).__name__} could not compile ({type(e).__name__}: {e}): check that its compiler is "
-                    "installed and runs (`python -m tgcore devices` says what each device needs)",
-                    src=src,
-                ) from e
-            if use_disk:
-                diskcache_put(self.cachekey, src, lib)
-        _compiled[key] = lib
-        return lib
-
-
-# compiled programs of this process, by (compiler cachekey, source)
-_compiled: dict[tuple[str, str], bytes] = {}
-
-
-class Allocator:
-    """Device memory: alloc/free/copyin/copyout. `options` is None or a plugin-defined hashable. An allocation that
-    finds no memory raises MemoryError (the LRU cache then frees what it holds and tries once more)."""
-
-    def alloc(self, size: int, options: Any = None) -> Any:
-        if size < 0:
-            raise ValueError(f"cannot allocate {size} bytes: expected a size >= 0")
-        if size > MAX_BUFFER_BYTES:
-            raise MemoryError(f"cannot allocate {size} bytes: no buffer can be larger than {MAX_BUFFER_BYTES} bytes")
-        return self._alloc(size, options)
-
-    def free(self, opaque: Any, size: int, options: Any = None) -> None:
-        self._free(opaque, options)
-
-    def _alloc(self, size: int, options: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement _alloc")
-
-    def _free(self, opaque: Any, options: Any) -> None:
-        pass
-
-    def copyin(self, dest: Any, src: memoryview) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not implement copyin")
-
-    def copyout(self, dest: memoryview, src: Any) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not implement copyout")
-
-
-class LRUAllocator(Allocator):
-    """An allocator that keeps freed buffers by (size, options) and hands them out again."""
-
-    def __init__(self) -> None:
-        self.cache: dict[tuple[int, Any], list[Any]] = defaultdict(list)
-
-    def alloc(self, size: int, options: Any = None) -> Any:
-        if len(cached := self.cache.get((size, options), [])):
-            return cached.pop()
-        try:
-            return super().alloc(size, options)
-        except (MemoryError, RuntimeError):
-            pass
-        # once more with the memory of the cached buffers, and of the buffers that only a reference cycle keeps (a
-        # collection frees them, into the cache), given back
-        gc.collect()
-        self.free_cache()
-        return super().alloc(size, options)
-
-    def free_cache(self) -> None:
-        """Really free every cached buffer."""
-        for (_, options), opaques in self.cache.items():
-            for opaque in opaques:
-                self._free(opaque, options)
-            opaques.clear()
-
-    def free(self, opaque: Any, size: int, options: Any = None) -> None:
-        if getenv("LRU", 1) and (options is None or not getattr(options, "nolru", False)):
-            self.cache[(size, options)].append(opaque)
-        else:
-            self._free(opaque, options)
-
-
-ALIGNMENT = 64  # bytes: where host buffers start
-# the most bytes a buffer can have: what a 64-bit address space (and Python's sizes, ssize_t) can hold at all; a
-# device's allocator refuses less than this where it has less
-MAX_BUFFER_BYTES = sys.maxsize
-
-
-HUGE_PAGE = 2 << 20  # bytes: a buffer this big gets memory of its own, in huge pages where the OS offers them
-_HUGE_PAGES = hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_PRIVATE") and getenv("TGCORE_HUGE_PAGES", 1) != 0
-
-
-def _huge_page_buffer(size: int) -> Any:
-    """`size` zeroed bytes of private anonymous memory starting on a huge-page boundary, with the OS asked to back them
-    with huge pages (as numpy does for its large arrays): a kernel streaming 64 MB then misses the TLB 512 times less
-    often (a 4096 x 4096 sum on CLANG: 42 -> 45 GB/s). Where the memory left has no room for the alignment's extra
-    huge page, the mapping is `size` bytes where the OS puts it (the huge pages inside it are still asked for). The
-    mapping is unmapped when the returned array is freed."""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    try:
-        mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=flags)
-        start = -ctypes.addressof(ctypes.c_uint8.from_buffer(mapping)) % HUGE_PAGE
-    except (OSError, OverflowError):
-        try:
-            mapping = mmap.mmap(-1, size, flags=flags)
-        except (OSError, OverflowError) as e:  # (as MemoryError, so that the LRU allocator frees its cache and retries)
-            reason = e.strerror if isinstance(e, OSError) else "too large"
-            raise MemoryError(f"could not map {size} bytes of host memory ({reason})") from e
-        start = 0  # a page boundary: aligned enough for the kernels
-    try:
-        mapping.madvise(mmap.MADV_HUGEPAGE, start, size)
-    except OSError:  # a kernel without transparent huge pages: plain pages serve as well
-        pass
-    return (ctypes.c_uint8 * size).from_buffer(mapping, start)  # keeps `mapping` alive
-
-
-class MallocAllocator(LRUAllocator):
-    """Host memory from the C heap (through ctypes): the allocator of every CPU device."""
-
-    def _alloc(self, size: int, options: Any) -> Any:
-        if size >= HUGE_PAGE and _HUGE_PAGES:
-            return _huge_page_buffer(size)
-        # aligned to a cache line (and an AVX-512 vector): a kernel's vector loads then never straddle two lines
-        # (matmul 1024 on CLANG: about +20% against the heap's 16-byte alignment)
-        try:
-            raw = (ctypes.c_uint8 * (size + ALIGNMENT))()
-        except (MemoryError, OverflowError) as e:  # (ctypes' MemoryError says nothing)
-            raise MemoryError(f"could not allocate {size} bytes of host memory from the C heap") from e
-        return (ctypes.c_uint8 * size).from_buffer(raw, -ctypes.addressof(raw) % ALIGNMENT)  # keeps `raw` alive
-
-    def as_buffer(self, src: Any) -> memoryview:
-        return memoryview(src).cast("B") if len(src) else memoryview(b"")
-
-    def copyin(self, dest: Any, src: memoryview) -> None:
-        ctypes.memmove(dest, bytes(src) if src.readonly else (ctypes.c_char * src.nbytes).from_buffer(src), src.nbytes)
-
-    def copyout(self, dest: memoryview, src: Any) -> None:
-        ctypes.memmove((ctypes.c_char * dest.nbytes).from_buffer(dest), src, dest.nbytes)
-
-    def offset(self, buf: Any, size: int, offset: int) -> Any:
-        return (ctypes.c_uint8 * size).from_buffer(buf, offset)
 
 
 # ***** buffers *****
@@ -264,7 +112,7 @@ class Buffer:
         self._allocator = allocator = Device[self.device].allocator  # kept: __del__ frees through it
         if self.base is not None:
             self.base.allocate()
-            if not hasattr(allocator, "offset"):
+            if not allocator.supports_offset:
                 raise NotImplementedError(f"device {self.device} cannot make buffer views: its allocator has no offset")
             self._opaque = allocator.offset(self.base._opaque, self.nbytes, self.offset)
         elif opaque is not None:
@@ -325,7 +173,7 @@ class Buffer:
     def as_buffer(self) -> memoryview:
         """The contents as a memoryview (zero-copy where the allocator allows)."""
         allocator = Device[self.device].allocator
-        if hasattr(allocator, "as_buffer"):
+        if allocator.supports_as_buffer:
             self.allocate()
             Device[self.device].synchronize()
             return allocator.as_buffer(self._opaque)
@@ -347,7 +195,13 @@ class Compiled:
     """One device instance: the four parts its plugins gave, bound to a name like "MYDEV" or "MYDEV:1"."""
 
     def __init__(
-        self, name: str, spec: DeviceSpec, renderer: Any, compiler: Compiler, allocator: Allocator, runtime: type
+        self,
+        name: str,
+        spec: DeviceSpec,
+        renderer: Renderer,
+        compiler: Compiler,
+        allocator: Allocator,
+        runtime: type[Program],
     ) -> None:
         self.name, self.spec, self.renderer, self.compiler, self.allocator, self.runtime = (
             name,
@@ -360,7 +214,7 @@ class Compiled:
 
     def synchronize(self) -> None:
         """Wait for every queued operation on this device."""
-        if hasattr(self.allocator, "synchronize"):
+        if self.allocator.supports_synchronize:
             self.allocator.synchronize()
 
     def __repr__(self) -> str:
@@ -454,7 +308,23 @@ def _check_device(base: str, spec: DeviceSpec) -> Optional[str]:
             raise
         except BaseException as e:
             return f"its {part} hook raised {type(e).__name__}: {e}"
-    return f"no plugin provides its {', '.join(missing)}" if missing else None
+    if missing:
+        return f"no plugin provides its {', '.join(missing)}"
+    return None if spec.storage_only else _render_check(base, spec)
+
+
+def _render_check(base: str, spec: DeviceSpec) -> Optional[str]:
+    """None when device `base`'s renderer renders a small kernel of the basic ops (render only: cheap), else why not:
+    a device that cannot render a load, an add or an exp is unusable, whatever its probe says."""
+    floats = [dt for dt in spec.dtypes if dtypes.is_float(dt)]
+    dtype = dtypes.float32 if dtypes.float32 in spec.dtypes else (floats or list(spec.dtypes) or [dtypes.float32])[0]
+    try:
+        renderer = plugins.part("tg_renderer", base)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        return f"its tg_renderer hook raised {type(e).__name__}: {e}"
+    return render_check(renderer, dtype)
 
 
 def _check_instance(spec: DeviceSpec, instance: str) -> Optional[str]:

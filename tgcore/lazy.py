@@ -15,7 +15,7 @@ import numpy as np
 from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
 from tgcore.ops import BinaryOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
-from tgcore.plugin import plugins
+from tgcore.registry import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
 from tgcore.shape.view import _plain_ints

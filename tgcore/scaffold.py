@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from tgcore.device import plugins
+from tgcore.registry import plugins
 
 __all__ = ["PluginNames", "ScaffoldError", "check_unused", "main", "plugin_files", "plugin_names", "write_plugin"]
 
@@ -136,7 +136,8 @@ version = "0.1.0"
 description = "The @DEVICE@ device for tgcore"
 readme = "README.md"
 requires-python = ">=3.10"
-dependencies = ["tgcore>=0.1,<0.2"]
+# tgcore 0.2.x serves plugin API 2 (its version is 0.<API major>.<release>): the range this plugin is built for
+dependencies = ["tgcore>=0.2,<0.3"]
 
 [project.optional-dependencies]
 test = ["pytest>=7", "numpy"]
@@ -162,9 +163,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 # the names this plugin takes from tgcore's contract, all here
-from tgcore.device import MallocAllocator
 from tgcore.dtype import dtypes
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, DeviceSpec, MallocAllocator, Program, hookimpl
 
 from @PACKAGE@.compiler import @CLASS@Compiler, find_compiler
 from @PACKAGE@.renderer import @CLASS@Renderer
@@ -172,6 +172,8 @@ from @PACKAGE@.runtime import @CLASS@Program
 
 __version__ = "0.1.0"
 DEVICE = "@DEVICE@"
+# the tgcore plugin API this plugin is written for, (major, minor): it loads on a tgcore that serves 2.y, y >= 0
+API_VERSION = (2, 0)
 # the dtypes the device claims (tg-conformance tests these, and skips the others saying so): float16 and bfloat16
 # need a renderer that spells them in C (see the README), so they are left out until it does
 DTYPES = tuple(dt for dt in ALL_DTYPES if dt not in (dtypes.float16, dtypes.bfloat16))
@@ -191,7 +193,7 @@ def tg_register_devices(registry: Any) -> None:
     # priority decides the default device among those available (the built-in PYTHON device has 0): keep it below
     # the devices you do not mean to replace
     registry.add(
-        DeviceSpec(DEVICE, PLUGIN_API_VERSION, priority=1, probe=probe, dtypes=DTYPES, description="C on this CPU")
+        DeviceSpec(DEVICE, API_VERSION, priority=1, probe=probe, dtypes=DTYPES, description="C on this CPU")
     )
 
 
@@ -213,7 +215,7 @@ def tg_allocator(device: str) -> Optional[MallocAllocator]:
 
 
 @hookimpl
-def tg_runtime(device: str) -> Optional[type]:
+def tg_runtime(device: str) -> Optional[type[Program]]:
     return @CLASS@Program if device == DEVICE else None
 '''
 
@@ -224,11 +226,7 @@ attributes the optimizer reads and overrides the few spellings that differ."""
 from __future__ import annotations
 
 # the names this module takes from tgcore, all here
-from tgcore.dtype import dtypes
 from tgcore.renderer.cstyle import CStyleLanguage
-
-# the C headers the base's spellings use (INFINITY, NAN, fmodf, exp2f, ...; bool)
-PRELUDE = "#include <math.h>\\n#include <stdbool.h>\\n"
 
 
 class @CLASS@Renderer(CStyleLanguage):
@@ -237,19 +235,9 @@ class @CLASS@Renderer(CStyleLanguage):
 
     device = "@DEVICE@"
     # global_max is None (the base's default): the kernel's global dimensions become loops inside it, as a CPU runs
-    # them. For speed, set vector_widths first (e.g. {dtypes.float32: 8} for AVX): see tgcore's docs/plugins.md
-
-    # C types of a fixed width where a dtype's own name is not one (char's sign and long's size vary by platform)
-    type_map = {
-        **CStyleLanguage.type_map,
-        dtypes.int8: "signed char",
-        dtypes.int64: "long long",
-        dtypes.uint64: "unsigned long long",
-    }
-
-    def render(self, name: str, uops: list) -> str:
-        # the base renders the kernel alone: the headers it needs go in front
-        return PRELUDE + super().render(name, uops)
+    # them. For speed, set vector_widths first (e.g. {dtypes.float32: 8} for AVX): see tgcore's docs/plugins.md.
+    # The base's type_map (fixed-width C types) and prelude (math.h, stdint.h, stdbool.h) are standard C: a dialect
+    # overrides the spellings that differ, e.g. type_map for a type of its own, render_prelude for other headers
 '''
 
 _COMPILER = '''\
@@ -264,7 +252,7 @@ import subprocess
 import tempfile
 
 # the names this module takes from tgcore, all here
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 # -fwrapv: signed integers wrap as numpy's do; -ffp-contract=off: every + - * rounds on its own (no fused multiply-add);
 # -fno-math-errno: sqrtf is one instruction. Add -march=native here to build for this CPU (and say so in cachekey)
@@ -292,6 +280,8 @@ class @CLASS@Compiler(Compiler):
         stat = os.stat(os.path.realpath(self.cc))
         stamp = f"{os.path.realpath(self.cc)} {stat.st_size} {stat.st_mtime_ns} {CFLAGS}"
         self.cachekey = f"compile_@NAME@_{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+        # what `python -m tgcore devices` and tg-conformance's report name as this device's compiler
+        self.identity = f"{os.path.basename(self.cc)} {' '.join(CFLAGS)}"
 
     def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="@DIST@-") as tmp:
@@ -323,8 +313,11 @@ import tempfile
 import time
 from typing import Any, Optional
 
+# the names this module takes from tgcore, all here
+from tgcore.plugin import Program
 
-class @CLASS@Program:
+
+class @CLASS@Program(Program):
     """One kernel of a shared object, made as `Program(instance, name, lib)` by tgcore (instance: "@DEVICE@" or
     "@DEVICE@:1", name: the kernel's function, lib: the compiler's bytes).
 
@@ -368,7 +361,7 @@ import pytest
 
 from @PACKAGE@ import DEVICE
 from tgcore import Device, Tensor
-from tgcore.device import CompileError
+from tgcore.plugin import CompileError
 
 
 def test_elementwise_kernel_matches_numpy() -> None:

@@ -25,7 +25,8 @@ from tg_conformance.expectations import ExpectationFileError, first_match, read_
 FAKE_PLUGIN = '''
 import dataclasses, itertools, os, sys
 from tgcore.device import CompileError
-from tgcore.plugin import hookimpl, plugins
+from tgcore.plugin import hookimpl
+from tgcore.registry import plugins
 from tgcore.runtime import python as py
 
 __version__ = "3.1.4"

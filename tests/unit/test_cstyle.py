@@ -271,9 +271,10 @@ def _linearized(t: Any, inputs: dict[int, np.ndarray]) -> tuple[Any, list[np.nda
     """The ProgramSpec that the core's optimizer and linearizer make of `t`'s last kernel for PlainC, and the arrays
     of its buffers (output first, then each input by the id of its realized tensor's base in `inputs`)."""
     from tgcore.codegen.kernel import Kernel
+    from tgcore.codegen.program import to_program
 
     si = t.schedule()[-1]
-    spec = Kernel(si.ast, PlainC()).to_program()
+    spec = to_program(Kernel(si.ast, PlainC()))
     out = np.zeros(si.outputs[0].shape, np.dtype(si.outputs[0].dtype.np))
     return spec, [out, *(inputs[id(lb)] for lb in si.inputs)]
 

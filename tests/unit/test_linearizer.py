@@ -8,6 +8,7 @@ import pytest
 
 from tgcore import Tensor, dtypes
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import Buffer, Device
 from tgcore.engine.realize import CompiledRunner, get_kernel, run_schedule
@@ -23,7 +24,7 @@ def _uops(t: Tensor, fused: bool, optimize: bool = True) -> list[UOp]:
     renderer = FusedRenderer() if fused else PythonRenderer()
     ast = t.schedule()[-1].ast
     k = get_kernel(renderer, ast, "PYTHON") if optimize else Kernel(ast, renderer)
-    return k.to_program().uops
+    return to_program(k).uops
 
 
 def _value_ops(uops: list[UOp]) -> list[object]:
@@ -65,7 +66,7 @@ class WorkgroupRenderer(PythonRenderer):
 def _run(si, k: Kernel) -> np.ndarray:  # type: ignore[no-untyped-def]
     out = si.outputs[0]
     dest = Buffer("PYTHON", out.size, out.dtype).allocate()
-    CompiledRunner("PYTHON", k.to_program())([dest] + [x.base.buffer.allocate() for x in si.inputs], si.var_vals)
+    CompiledRunner("PYTHON", to_program(k))([dest] + [x.base.buffer.allocate() for x in si.inputs], si.var_vals)
     return dest.numpy()
 
 
@@ -102,7 +103,7 @@ def test_stage_copies_inputs_into_shared_memory_and_keeps_results() -> None:
         got, plain, k = _staged(si, opts)
         assert np.array_equal(got, plain), opts  # the same bits as the unoptimized kernel
         np.testing.assert_allclose(got.reshape(16, 8), a @ b, rtol=1e-5, atol=1e-5)
-        uops = k.to_program().uops
+        uops = to_program(k).uops
         assert sum(u.op is UOps.DEFINE_LOCAL for u in uops) == len(k.staged) and any(u.op is UOps.BARRIER for u in uops)
 
 

@@ -19,6 +19,7 @@ from tgcore.codegen.names import (
     kernel_identifier,
     variable_identifier,
 )
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.dtype import PtrDType, dtypes
 from tgcore.renderer.cstyle import CStyleLanguage
@@ -68,7 +69,7 @@ def _sum_kernel(name: str, n: int = 3) -> tuple[Tensor, np.ndarray]:
 
 
 def _program(t: Tensor, renderer: object = None):  # -> ProgramSpec
-    return Kernel(t.schedule()[-1].ast, renderer or PythonRenderer()).to_program()
+    return to_program(Kernel(t.schedule()[-1].ast, renderer or PythonRenderer()))
 
 
 class PlainC(CStyleLanguage):
@@ -173,7 +174,7 @@ def test_kernel_names_are_identifiers_of_a_bounded_length() -> None:
 def test_a_kernel_name_given_to_to_program_is_mapped_too() -> None:
     got, _ = _sum_kernel("n")
     k = Kernel(got.schedule()[-1].ast, PythonRenderer())
-    assert k.to_program('evil"();').name == "k_evil2228293B"
+    assert to_program(k, 'evil"();').name == "k_evil2228293B"
 
 
 def test_internal_prefix_avoids_every_taken_name() -> None:

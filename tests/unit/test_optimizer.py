@@ -14,6 +14,7 @@ import pytest
 
 from tgcore import Device, Tensor, dtypes
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
 from tgcore.device import Buffer
 from tgcore.dtype import DType
@@ -52,7 +53,7 @@ def run(device: str, si, kernel: Kernel) -> np.ndarray:  # type: ignore[no-untyp
     out = si.outputs[0]
     dest = Buffer(device, out.size, out.dtype).allocate()
     inputs = [x.base.buffer.allocate() for x in si.inputs]
-    CompiledRunner(device, kernel.to_program())([dest] + inputs, si.var_vals)
+    CompiledRunner(device, to_program(kernel))([dest] + inputs, si.var_vals)
     return dest.numpy()
 
 
@@ -148,7 +149,7 @@ def test_heuristics_are_deterministic() -> None:
     si = last_kernel("PYTHON", lambda a, b: a @ b, data((32, 64)), data((64, 16)))
     runs = [get_kernel(Device["PYTHON"].renderer, si.ast) for _ in range(2)]
     assert runs[0].applied_opts == runs[1].applied_opts
-    assert runs[0].to_program().src == runs[1].to_program().src
+    assert to_program(runs[0]).src == to_program(runs[1]).src
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -218,7 +219,7 @@ def cpu_style_python() -> Renderer:
 @pytest.mark.parametrize("device", [d for d in DEVICES if getattr(Device[d].renderer, "vector_uops", False)])
 def test_vector_uops_keep_results(device: str) -> None:
     k = check(device, lambda a, b: a @ b, data((8, 24)), data((24, 32)), opts=[Opt(OptOps.UPCAST, 1, 16)])
-    uops = k.to_program().uops
+    uops = to_program(k).uops
     assert any(u.op is UOps.LOAD and u.dtype is not None and u.dtype.count == 16 for u in uops)
     assert any(u.op is UOps.DEFINE_ACC and u.dtype is not None and u.dtype.count == 16 for u in uops)
     # a vector axis over strided memory: VECTORIZE of scalar loads, GEP to store
@@ -290,7 +291,7 @@ def test_packed_inputs_keep_results_on_python() -> None:
     k = check("PYTHON", lambda a, b: a @ b, x, data((32, 32)), opts=PACKED, renderer=renderer)
     # without HOIST the block is copied at each step of the outermost loop: here, of w's rows (x @ w.T's columns)
     check("PYTHON", lambda a, w: a @ w.T, x, data((32, 32)), opts=GATHERED, renderer=renderer)
-    assert len(k.packed) == 2 and [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
+    assert len(k.packed) == 2 and [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
     # padding: the block holds 0 where the input is outside its buffer, and the inner loop reads it ungated
     check("PYTHON", lambda a, b: a.pad(((0, 0), (3, 1))) @ b, data((8, 28)), data((32, 32)), opts=PACKED[:-1],
           renderer=renderer)
@@ -303,7 +304,7 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     # the heuristics pack the right-hand block of a blocked matmul, whose rows are a power of two apart
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
-    assert [u.arg[1] for u in k.to_program().uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
+    assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
     # a @ b.T: b's block is gathered into the pack, two vectors wide, and the tile's vectors run along the output
     k = check(device, lambda a, b: a @ b.T, data((64, 512)), data((256, 512)))
     width = Device[device].renderer.vector_widths[dtypes.float32]
@@ -479,7 +480,7 @@ def test_index_uops_are_the_address_arithmetic_only() -> None:
 
     t = Tensor(np.arange(6 * 7, dtype=np.int32).reshape(6, 7))
     out = (t.pad(((1, 1), (0, 0))) * 7 + t.sum(axis=0)).cast(dtypes.int32)
-    uops = get_kernel(Device["PYTHON"].renderer, out.schedule()[-1].ast).to_program().uops
+    uops = to_program(get_kernel(Device["PYTHON"].renderer, out.schedule()[-1].ast)).uops
     index = index_uops(uops)
     loads = [u for u in uops if u.op is UOps.LOAD]
     assert loads and all(id(u.src[1]) in index or u.src[1].op is UOps.CONST for u in loads)

@@ -28,7 +28,8 @@ from tgcore.device import (
     MallocAllocator,
     probe_timeout,
 )
-from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, PluginManager, PluginWarning, plugin_module, plugins
+from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, plugin_module
+from tgcore.registry import PluginManager, PluginWarning, plugins
 from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer
 
 SUBPROCESS_TIMEOUT_S = 120  # turns a hang of the code under test into a failure; a pass takes a few seconds
@@ -47,7 +48,7 @@ def device_plugin(
     device: str,
     priority: int = -5,
     probe: Callable[..., Optional[str]] = lambda: None,
-    api_version: int = PLUGIN_API_VERSION,
+    api_version: Any = PLUGIN_API_VERSION,
 ) -> Any:
     """A plugin that provides `device` from the PYTHON device's parts, its renderer tagged with the plugin's name."""
 
@@ -113,7 +114,7 @@ def manager_with(monkeypatch: pytest.MonkeyPatch, eps: list[FakeEntryPoint]) -> 
 PLUGIN_TEMPLATE = """
 import os, time
 from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
-from tgcore.device import MallocAllocator
+from tgcore.plugin import MallocAllocator
 from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer
 DEVICE = {device!r}
 {prelude}
@@ -340,7 +341,7 @@ def test_a_plugin_that_exits_at_import_does_not_end_the_program_nor_move_tensors
     install_fake(tmp_path, "aexit", device="EXITDEV", prelude="raise SystemExit(3)")
     install_fake(tmp_path, "fast", device="FAST", priority=50)
     code = (
-        "from tgcore import Tensor\nfrom tgcore.plugin import plugins\n"
+        "from tgcore import Tensor\nfrom tgcore.registry import plugins\n"
         "t = Tensor([1.0, 2.0]) + 1\nprint(t.device, t.tolist())\nprint(plugins.records['aexit'].error)\n"
     )
     out = run_python(tmp_path, ["-c", code], "aexit,fast")
@@ -348,7 +349,7 @@ def test_a_plugin_that_exits_at_import_does_not_end_the_program_nor_move_tensors
     assert out.stdout.splitlines() == ["FAST [2.0, 3.0]", "failed to import tgfake_aexit: SystemExit: 3"]
     out = run_python(tmp_path, ["-m", "tgcore", "devices"], "aexit,fast")
     assert out.returncode == 0, out.stderr
-    assert "error: failed to import tgfake_aexit: SystemExit: 3" in out.stdout
+    assert "failed (failed to import tgfake_aexit: SystemExit: 3)" in out.stdout
     assert "default device: FAST" in out.stdout
 
 
@@ -425,12 +426,12 @@ def test_a_second_distribution_with_a_taken_entry_point_name_is_listed_not_dropp
 
 def test_a_refused_claim_does_not_take_a_valid_one_down(monkeypatch) -> None:
     eps = [
-        FakeEntryPoint("aold", lambda: device_plugin("aold", "DUP", api_version=PLUGIN_API_VERSION + 7)),
+        FakeEntryPoint("aold", lambda: device_plugin("aold", "DUP", api_version=(PLUGIN_API_VERSION[0] + 7, 0))),
         FakeEntryPoint("new", lambda: device_plugin("new", "DUP")),
     ]
     pm = manager_with(monkeypatch, eps)
     assert pm.registry.owner["DUP"] == "new" and "DUP" not in pm.registry.rejected
-    assert f"targets tgcore plugin API {PLUGIN_API_VERSION + 7}" in str(_claims(pm, "DUP")["aold"])
+    assert f"is built for tgcore plugin API {PLUGIN_API_VERSION[0] + 7}.0" in str(_claims(pm, "DUP")["aold"])
     assert pm.part("tg_renderer", "DUP").tag == "new"
 
 
@@ -596,7 +597,7 @@ THREADS_SCRIPT = """
 import json, threading
 import numpy as np
 from tgcore import Device, Tensor
-from tgcore.plugin import plugins
+from tgcore.registry import plugins
 
 results = []
 for round in range({rounds}):

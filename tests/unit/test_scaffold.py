@@ -14,8 +14,8 @@ import pytest
 
 from tgcore import Device, Tensor
 from tgcore.__main__ import main as tgcore_main
-from tgcore.device import CompileError, plugins
-from tgcore.plugin import plugin_module
+from tgcore.plugin import CompileError, plugin_module
+from tgcore.registry import plugins
 from tgcore.scaffold import ScaffoldError, plugin_files, plugin_names, write_plugin
 
 NAME = "scaffoldunit"  # a device no plugin here registers

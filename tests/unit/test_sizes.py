@@ -16,6 +16,7 @@ import pytest
 from tgcore import Device, Tensor, Variable, dtypes
 from tgcore.codegen import linearizer
 from tgcore.codegen.kernel import Kernel
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import MAX_BUFFER_BYTES, Buffer
 from tgcore.dtype import DType
@@ -33,7 +34,7 @@ def _uops(t: Tensor) -> list[UOp]:
     """The uops of the first kernel of `t`'s schedule (the one over the input, for a reduce split in two), optimized
     for PYTHON; nothing is allocated or run."""
     ast = next(si.ast for si in t.schedule() if si.ast.op is BufferOps.STORE)
-    return get_kernel(PythonRenderer(), ast, "PYTHON").to_program().uops
+    return to_program(get_kernel(PythonRenderer(), ast, "PYTHON")).uops
 
 
 def _index_dtypes(uops: list[UOp]) -> set[DType]:
@@ -79,7 +80,7 @@ def _masked_view_kernel() -> Kernel:
 def test_index_math_that_passes_int32_in_a_small_kernel_is_int64(free_python_cache: None) -> None:
     k = _masked_view_kernel()
     assert linearizer.index_dtype_of(k) == dtypes.int32  # its sizes alone would keep int32
-    program = k.to_program()
+    program = to_program(k)
     assert _index_dtypes(program.uops) == {dtypes.int64}
     index_math = [u for u in program.uops if u.op is UOps.ALU and u.arg is BinaryOps.MUL]
     assert index_math and all(u.dtype == dtypes.int64 for u in index_math)

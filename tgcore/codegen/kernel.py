@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Optional
 
-from tgcore.codegen.names import check_names, internal_prefix, kernel_identifier
+from tgcore.codegen.names import internal_prefix, kernel_identifier
 from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
-from tgcore.renderer import ProgramSpec, Renderer
+from tgcore.renderer import Renderer
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import NumNode, Variable, sint
 
@@ -677,7 +677,7 @@ class Kernel:
             return
         alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
         lanes_ok = (*_ELEMENTWISE_LANES_OK, *getattr(self.opts, "vector_math", ()))
-        if getattr(self.opts, "vector_uops", False) and any(x.op not in lanes_ok for x in alu):
+        if self.opts.vector_uops and any(x.op not in lanes_ok for x in alu):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
         contiguous = [a for a in globals_ if self.stride_of(out, a) == 1]
@@ -723,26 +723,3 @@ class Kernel:
         """The kernel's function name: r_ or E_ and its shape, as an identifier (codegen/names.py)."""
         prefix = "r" if self.reduceops else "E"
         return kernel_identifier("_".join([prefix, *(str(s) for s in self.full_shape)]))
-
-    def to_program(self, name_override: Optional[str] = None) -> ProgramSpec:
-        """Linearize and render this kernel."""
-        from tgcore.codegen.linearizer import Linearizer
-
-        lin = Linearizer(self)
-        uops = lin.linearize()
-        name = kernel_identifier(name_override) if name_override is not None else self.name
-        check_names(name, lin.header)  # the one check between the names of the kernel and the renderer
-        src = self.opts.render(name, uops)
-        return ProgramSpec(
-            name,
-            src,
-            self.opts.device,
-            lin.global_size,
-            lin.local_size,
-            tuple(lin.variables),
-            (0,),
-            lin.op_estimate,
-            lin.mem_estimate,
-            uops,
-            lin.thread_extent,
-        )

@@ -82,7 +82,7 @@ class Linearizer:
         self.k = k
         # the dtype of every index uop (RANGE, SPECIAL, the ALU uops of index math, their CONSTs)
         self.index_dtype = index_dtype or index_dtype_of(k)
-        self.vector_math = tuple(getattr(k.opts, "vector_math", ()))
+        self.vector_math = tuple(k.opts.vector_math)
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
         self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]
@@ -302,7 +302,7 @@ class Linearizer:
         """Lanes per group: the largest power of two up to MAX_VECTOR dividing the last upcast axis, when the
         renderer takes vector uops and that axis is not an unrolled reduce axis."""
         k = self.k
-        if not getattr(k.opts, "vector_uops", False) or not self.upcast_axes or k.is_unrolled(self.upcast_axes[-1]):
+        if not k.opts.vector_uops or not self.upcast_axes or k.is_unrolled(self.upcast_axes[-1]):
             return 1
         size = k.upcast_sizes[-1]
         return next((w for w in (16, 8, 4, 2) if w <= MAX_VECTOR and size % w == 0), 1)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 
 from tgcore.device import Buffer
 from tgcore.engine import realize
-from tgcore.engine.realize import CompiledRunner, ExecItem, raise_if_counted
+from tgcore.engine.realize import ExecItem, raise_if_counted
+from tgcore.engine.runner import CompiledRunner
 from tgcore.helpers import DEBUG, JIT, GlobalCounters
 from tgcore.shape.symbolic import Variable
 

@@ -2,201 +2,45 @@
 
 from __future__ import annotations
 
-import functools
-import itertools
-import os
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from tgcore.codegen.kernel import Kernel
+from tgcore.codegen.program import to_program
 from tgcore.device import Buffer, Device
+from tgcore.engine.runner import (  # (the runners and the thread pool lived here: their old names still work)
+    BufferCopy,
+    CompiledRunner,
+    CustomRunner,
+    EmptyRunner,
+    Runner,
+    _run_threaded,
+    parts_per_thread,
+    thread_count,
+)
+from tgcore.engine.search import beam_search
 from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored
 from tgcore.ops import BufferOps, LazyOp, LoadOps
-from tgcore.renderer import ProgramSpec, Renderer
-from tgcore.shape.symbolic import Variable, sym_infer
+from tgcore.plugin import Renderer
+from tgcore.shape.symbolic import Variable
 
-
-class Runner:
-    """Something an ExecItem runs on its buffers."""
-
-    display_name: str = ""
-    op_estimate: int = 0
-    mem_estimate: int = 0
-
-    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        raise NotImplementedError
-
-
-class CompiledRunner(Runner):
-    """A kernel compiled for its device, ready to launch."""
-
-    def __init__(self, device: str, p: ProgramSpec) -> None:
-        self.device, self.p = device, p
-        dev = Device[device]
-        if DEBUG >= 4:
-            print(p.src)
-        self.lib = dev.compiler.compile_cached(p.src)
-        self.clprg = dev.runtime(device, p.name, self.lib)
-        self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
-        # the common CPU launch: no variables, threads or launch sizes, just the buffers
-        self.plain_launch = not p.variables and p.thread_extent is None and p.global_size is None
-        self.parts_per_thread = parts_per_thread(p.op_estimate, p.mem_estimate)
-
-    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        if self.plain_launch:
-            return self.clprg(*[b._opaque for b in bufs], wait=wait)
-        p = self.p
-        vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
-        if p.thread_extent is not None:
-            return _run_threaded(
-                self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait, self.parts_per_thread
-            )
-        if p.global_size is None:
-            return self.clprg(*[b._opaque for b in bufs], vals=vals, wait=wait)
-        gs = tuple(sym_infer(s, var_vals) for s in p.global_size)
-        return self.clprg(*[b._opaque for b in bufs], global_size=gs, local_size=p.local_size, vals=vals, wait=wait)
-
-
-def thread_count() -> int:
-    """Host threads a kernel may use: TGCORE_THREADS, else the cores this process may run on."""
-    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
-        return int(n)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# a kernel of at least this many ops, and this many per byte it moves, runs in 4 parts per thread, which threads take
-# in turn (one that the machine runs slower takes fewer); any other in one part per thread: a part costs a GIL
-# hand-off, and a kernel that mostly moves memory (a sum, an elementwise chain) shares one memory bus between the
-# threads, which parts do not balance (a 4096 x 4096 row sum and a compensated 16M sum were 3-5% slower in 4 parts
-# per thread; an elementwise chain with an exp the same in both)
-_BALANCE_WORK = 1 << 24
-_BALANCE_OPS_PER_BYTE = 1
-_PARTS_PER_THREAD = 4
-
-
-def parts_per_thread(op_estimate: int, mem_estimate: int) -> int:
-    """The parts per thread of a threaded kernel that runs about `op_estimate` ops and moves `mem_estimate` bytes."""
-    compute_bound = op_estimate >= _BALANCE_WORK and op_estimate >= mem_estimate * _BALANCE_OPS_PER_BYTE
-    return _PARTS_PER_THREAD if compute_bound else 1
-
-
-class _Workers:
-    """Host threads that each run the job they are handed, then report back. The hand-off is two C-level locks per
-    thread (about 12 us here, against 32 us through a ThreadPoolExecutor's queue and futures)."""
-
-    def __init__(self, n: int) -> None:
-        self.job: Callable[[], None] = lambda: None
-        self.errors: list[BaseException] = []
-        self.busy = threading.Lock()  # one job at a time: a caller that finds it taken runs its job alone
-        self.start = [threading.Lock() for _ in range(n)]
-        self.done = [threading.Lock() for _ in range(n)]
-        for i, (start, done) in enumerate(zip(self.start, self.done)):
-            start.acquire()
-            done.acquire()
-            threading.Thread(target=self._loop, args=(start, done), name=f"tgcore-kernel-{i}", daemon=True).start()
-
-    def _loop(self, start: threading.Lock, done: threading.Lock) -> None:
-        while True:
-            start.acquire()
-            try:
-                self.job()
-            except BaseException as e:  # handed to the caller
-                self.errors.append(e)
-            done.release()
-
-    def run(self, job: Callable[[], None]) -> None:
-        """Run `job` on every worker thread and on this one; return when all are done."""
-        if not self.busy.acquire(blocking=False):
-            job()
-            return
-        try:
-            self.job = job
-            for start in self.start:
-                start.release()
-            try:
-                job()
-            finally:
-                for done in self.done:
-                    done.acquire()
-            if self.errors:
-                raise self.errors.pop()
-        finally:
-            self.errors.clear()
-            self.busy.release()
-
-
-@functools.lru_cache(maxsize=None)
-def _workers(n: int) -> _Workers:
-    return _Workers(n)
-
-
-if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it starts its own
-    os.register_at_fork(after_in_child=_workers.cache_clear)
-
-
-def _run_threaded(
-    prg: Any, opaques: list[Any], vals: tuple[int, ...], extent: int, wait: bool, per_thread: int = 1
-) -> Optional[float]:
-    """Run a kernel whose outermost loop is bounded by its last two vals, in `per_thread` parts per thread that the
-    threads take in turn. Each output element is written by exactly one part, so the result is the same on any
-    number of threads."""
-    threads = min(thread_count(), extent)
-    st = time.perf_counter()
-    if threads <= 1:
-        prg(*opaques, vals=vals + (0, extent))
-    else:
-        parts = min(extent, threads * per_thread)
-        bounds = [extent * i // parts for i in range(parts + 1)]
-        turn = itertools.count()  # next() on it is atomic under the GIL
-
-        def work() -> None:
-            while (i := next(turn)) < parts:
-                prg(*opaques, vals=vals + (bounds[i], bounds[i + 1]))
-
-        _workers(threads - 1).run(work)
-    return time.perf_counter() - st if wait else None
-
-
-class BufferCopy(Runner):
-    """Copies a buffer to another device (or to another buffer of the same size)."""
-
-    display_name = "copy"
-
-    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        dest, src = bufs
-        if dest.nbytes != src.nbytes:
-            raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
-        st = time.perf_counter()
-        allocator = Device[dest.device].allocator
-        if hasattr(allocator, "transfer") and dest.device.split(":")[0] == src.device.split(":")[0]:
-            allocator.transfer(
-                dest._opaque, src._opaque, dest.nbytes, src_dev=Device[src.device], dest_dev=Device[dest.device]
-            )
-        else:
-            dest.copyin(src.as_buffer())
-        return time.perf_counter() - st if wait else None
-
-
-class CustomRunner(Runner):
-    """Runs a Python function on the buffers (LoadOps.CUSTOM)."""
-
-    def __init__(self, fxn: Callable[..., None]) -> None:
-        self.fxn, self.display_name = fxn, getattr(fxn, "__name__", "custom")
-
-    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        self.fxn(*bufs)
-        return None
-
-
-class EmptyRunner(Runner):
-    """Allocation only."""
-
-    display_name = "empty"
-
-    def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
-        return None
+__all__ = [
+    "BufferCopy",
+    "CompiledRunner",
+    "CustomRunner",
+    "EmptyRunner",
+    "ExecItem",
+    "Runner",
+    "_run_threaded",
+    "get_kernel",
+    "get_runner",
+    "lower_schedule_item",
+    "parts_per_thread",
+    "raise_if_counted",
+    "run_schedule",
+    "thread_count",
+]
 
 
 _runner_cache: dict[tuple[Any, ...], CompiledRunner] = {}
@@ -221,8 +65,6 @@ def get_kernel(renderer: Renderer, ast: LazyOp, device: Optional[str] = None) ->
     if NOOPT:
         pass
     elif BEAM >= 1 and device is not None:
-        from tgcore.engine.search import beam_search
-
         k = beam_search(k, device, BEAM.value)
     else:
         k.hand_coded_optimizations()
@@ -239,7 +81,7 @@ def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
     key = (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
     if (runner := _runner_cache.get(key)) is None:
         runner = _runner_cache[key] = CompiledRunner(
-            device, get_kernel(Device[device].renderer, ast, device).to_program()
+            device, to_program(get_kernel(Device[device].renderer, ast, device))
         )
     if len(_runner_by_id) >= 8192:
         _runner_by_id.clear()

@@ -19,12 +19,13 @@ import numpy as np
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.program import to_program
 from tgcore.device import Buffer, CompileError, Device
 from tgcore.dtype import dtypes
-from tgcore.engine.realize import CompiledRunner, thread_count
+from tgcore.engine.runner import CompiledRunner, thread_count
 from tgcore.helpers import DEBUG, diskcache_get, diskcache_put, getenv, prod
 from tgcore.ops import BufferOps, LazyOp
-from tgcore.renderer import ProgramSpec
+from tgcore.plugin import ProgramSpec
 
 # the disk-cache table, and the version of what it stores (bump it when Opts change meaning)
 CACHE_TABLE = "beam_search"
@@ -42,7 +43,7 @@ _SPLIT_AMOUNTS = (4, 8, 64, 128, 256)
 def actions(k: Kernel) -> list[Opt]:
     """Every single Opt worth trying on `k` next (some may not apply; apply_opt tells)."""
     if k.inner_globals:  # only PACK may follow HOIST
-        return [Opt(OptOps.PACK, i, 0) for i in range(len(k.loads()))] if getattr(k.opts, "scratch_max", 0) else []
+        return [Opt(OptOps.PACK, i, 0) for i in range(len(k.loads()))] if k.opts.scratch_max else []
     stage = [Opt(OptOps.STAGE, i, 0) for i in range(len(k.loads()))] if k.opts.has_shared and k.local_dims else []
     if k.staged:
         return stage  # only STAGE may follow STAGE
@@ -128,7 +129,7 @@ class _Timer:
             if prod(k.upcast_sizes) * len(k.ast.lazyops()) > MAX_UNROLLED_OPS:
                 continue
             try:
-                program = k.to_program()
+                program = to_program(k)
             except (KernelOptError, NotImplementedError, AssertionError):
                 continue
             if program.src not in self.seen:

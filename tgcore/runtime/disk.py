@@ -36,13 +36,13 @@ import stat
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from tgcore.device import Allocator, Buffer, Device
+from tgcore.device import Buffer, Device
 from tgcore.dtype import DType
 from tgcore.helpers import all_int, prod
 from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import LoadOps
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, Allocator, DeviceSpec, hookimpl, part_for
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.view import View
 
@@ -370,6 +370,4 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-@hookimpl
-def tg_allocator(device: str, instance: str) -> Optional[DiskAllocator]:
-    return DiskAllocator(instance) if device == DEVICE else None
+tg_allocator = part_for(DEVICE, DiskAllocator, per_instance=True)  # one per instance: a file each

@@ -15,11 +15,20 @@ from typing import Any, Optional
 import numpy as np
 
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import Compiler, MallocAllocator
 from tgcore.dtype import DTYPES_DICT, DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
-from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, hookimpl
-from tgcore.renderer import Renderer
+from tgcore.plugin import (
+    PLUGIN_API_VERSION,
+    CompileError,
+    Compiler,
+    DeviceSpec,
+    MallocAllocator,
+    Program,
+    Renderer,
+    hookimpl,
+    numpy_dtype,
+    part_for,
+)
 from tgcore.shape.symbolic import Node
 
 _ENUMS = {e.__name__: e for e in (UnaryOps, BinaryOps, TernaryOps)}
@@ -86,9 +95,9 @@ class PythonRenderer(Renderer):
 class PythonCompiler(Compiler):
     """Checks the serialized program parses; the bytes are the program."""
 
-    def compile(self, src: str) -> bytes:
-        from tgcore.device import CompileError
+    identity = "none: the serialized uop list is the program"
 
+    def compile(self, src: str) -> bytes:
         try:
             json.loads(src)["uops"]
         except (ValueError, KeyError, TypeError) as e:
@@ -97,15 +106,14 @@ class PythonCompiler(Compiler):
 
 
 def _np_type(dt: DType) -> type:
-    base = dt.base if isinstance(dt, PtrDType) else dt
-    return np.float32 if base == dtypes.bfloat16 else base.np  # type: ignore[return-value]
+    return numpy_dtype(dt).type
 
 
-class PythonProgram:
+class PythonProgram(Program):
     """Interprets a serialized uop list over numpy lanes."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         rows = json.loads(lib.decode())["uops"]
         self.uops = [(UOps[op], _decode_dtype(dt), tuple(src), _decode_arg(arg)) for op, dt, src, arg in rows]
 
@@ -287,21 +295,7 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[Renderer]:
-    return PythonRenderer() if device == "PYTHON" else None
-
-
-@hookimpl
-def tg_compiler(device: str) -> Optional[Compiler]:
-    return PythonCompiler() if device == "PYTHON" else None
-
-
-@hookimpl
-def tg_allocator(device: str) -> Optional[MallocAllocator]:
-    return MallocAllocator() if device == "PYTHON" else None
-
-
-@hookimpl
-def tg_runtime(device: str) -> Optional[type]:
-    return PythonProgram if device == "PYTHON" else None
+tg_renderer = part_for("PYTHON", PythonRenderer)
+tg_compiler = part_for("PYTHON", PythonCompiler)
+tg_allocator = part_for("PYTHON", MallocAllocator)
+tg_runtime = part_for("PYTHON", lambda: PythonProgram)

@@ -21,8 +21,9 @@ from tg_conformance import uop_cases
 from tg_conformance.target import Target
 
 from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes
-from tgcore.device import CompileError
+from tgcore.codegen.program import to_program
 from tgcore.ops import BinaryOps
+from tgcore.plugin import CompileError
 from tgcore.renderer import scratch
 
 
@@ -145,7 +146,7 @@ def test_index_math_is_64_bit_and_value_math_stays_int32():
         ref = (big * np.int32(65536) + big.T).sum(axis=1, dtype=np.int32)
     ast = out.schedule()[-1].ast
     np.testing.assert_array_equal(out.numpy(), ref)
-    src = get_kernel(Device["CLANG"].renderer, ast, "CLANG").to_program().src
+    src = to_program(get_kernel(Device["CLANG"].renderer, ast, "CLANG")).src
     assert "for (long " in src and "int alu" in src and "int val" in src
 
 
@@ -178,7 +179,7 @@ def test_a_float_sum_of_products_rounds_once_per_step(dtype):
     assert not np.array_equal(fused, twice)  # the inputs tell one rounding from two
     out = Tensor(a, device="CLANG") @ Tensor(b, device="CLANG")
     si = out.schedule()[-1]
-    src = get_kernel(Device["CLANG"].renderer, si.ast, "CLANG").to_program().src
+    src = to_program(get_kernel(Device["CLANG"].renderer, si.ast, "CLANG")).src
     assert ("fmaf(" if dtype == np.float32 else "fma(") in src
     np.testing.assert_array_equal(out.numpy(), fused)
     with Context(NOOPT=1):
@@ -195,7 +196,7 @@ def test_a_float_sum_of_products_rounds_once_per_step(dtype):
         k = Kernel(si.ast, Device["CLANG"].renderer)
         k.apply_opts(opts)
         dest = Buffer("CLANG", 6 * 24, dt).allocate()
-        CompiledRunner("CLANG", k.to_program())([dest] + inputs, {})
+        CompiledRunner("CLANG", to_program(k))([dest] + inputs, {})
         np.testing.assert_array_equal(dest.numpy().reshape(6, 24), fused, err_msg=str(opts))
     # an elementwise multiply and add still round apart
     x, y, z = (rng.standard_normal(64).astype(dtype) for _ in range(3))
@@ -215,7 +216,7 @@ def test_vector_max_and_sqrt_routines_match_numpy_bits(dtype):
     a[::9], b[::13], a[5], a[6], b[7] = np.nan, np.nan, np.inf, -np.inf, -0.0
     ta, tb = Tensor(a, device="CLANG"), Tensor(b, device="CLANG")
     out = ta.maximum(tb).abs().sqrt().maximum(tb)
-    src = get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG").to_program().src
+    src = to_program(get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG")).src
     suffix = "f" if dtype == np.float32 else ""
     kernel = src.split("void ")[-1]  # (after the header's routines)
     assert f"tg_max{suffix}" in kernel and f"tg_sqrt{suffix}" in kernel and f" sqrt{suffix}(" not in kernel
@@ -316,7 +317,7 @@ def test_a_variable_named_like_the_thread_bounds_in_a_threaded_kernel():
     x = np.arange(1024 * 300, dtype=np.float32).reshape(1024, 300) % 7
     a = Tensor(x, device="CLANG").reshape(1024, Variable("core_start", 1, 512).bind(300))
     out = (a * 2).sum(1)
-    program = get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG").to_program()
+    program = to_program(get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG"))
     assert program.thread_extent is not None  # the loop is split across threads: core_start / core_end are the core's
     names = [u.arg[0] for u in program.uops if u.op is UOps.DEFINE_VAR]
     assert names == ["var_core_start", "core_start", "core_end"]

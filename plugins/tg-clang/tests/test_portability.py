@@ -23,11 +23,12 @@ from tg_conformance.kernels import run_alu
 from tg_conformance.target import RUN, Target
 
 from tgcore import Device, Tensor, dtypes
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
-from tgcore.device import CompileError
 from tgcore.dtype import bf16_round
 from tgcore.engine.realize import get_kernel
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
+from tgcore.plugin import CompileError
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 # CPUs without AVX-512 (v2: SSE4.2, no FMA or F16C; v3: AVX2, FMA, F16C) and with AVX-512 but not AVX512-FP16
@@ -124,7 +125,7 @@ def run_with(tc: Toolchain, out: Tensor) -> np.ndarray:
     renderer, compiler = ClangRenderer(tc), ClangCompiler(tc)
     schedule = out.schedule()
     for si in schedule:
-        p = get_kernel(renderer, si.ast).to_program()
+        p = to_program(get_kernel(renderer, si.ast))
         program = ClangProgram("CLANG", p.name, compiler.compile_cached(p.src))
         bufs = [b if b.is_allocated() else b.allocate() for b in si.bufs]
         vals = tuple(si.var_vals[v] for v in p.variables)
@@ -231,7 +232,7 @@ def test_vector_widths_follow_the_target(march: str, vector_bytes: int, register
     assert renderer.vector_widths[F32] == vector_bytes // 4 and renderer.vector_widths[F64] == vector_bytes // 8
     assert renderer.vector_registers == registers
     x = Tensor(np.arange(4096, dtype=np.float32), device="CLANG").realize()
-    src = get_kernel(renderer, (x.exp2() + 1).schedule()[-1].ast).to_program().src
+    src = to_program(get_kernel(renderer, (x.exp2() + 1).schedule()[-1].ast)).src
     assert f"tg_float{vector_bytes // 4} " in src and f"tg_exp2f{vector_bytes // 4}(" in src.split("void ")[-1]
 
 

@@ -12,13 +12,13 @@ from tg_clang.compiler import ClangCompiler
 from tg_clang.renderer import ClangRenderer, probe_kernel
 from tg_clang.runtime import ClangProgram
 from tg_clang.toolchain import MARCH_ENV, Toolchain, find_compiler
-from tgcore.device import CompileError, MallocAllocator
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, CompileError, DeviceSpec, MallocAllocator, hookimpl, part_for
 from tgcore.renderer.scratch import process_folder
 
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
 __version__ = "0.2.0"
 DEVICE = "CLANG"
+API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
 _LOG_LINES = 6  # of a failed build's log, in the reason CLANG is unavailable
 
 
@@ -77,7 +77,7 @@ def tg_register_devices(registry: Any) -> None:
     registry.add(
         DeviceSpec(
             DEVICE,
-            PLUGIN_API_VERSION,
+            API_VERSION,
             priority=10,
             probe=probe,
             dtypes=ALL_DTYPES,
@@ -86,21 +86,7 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[ClangRenderer]:
-    return ClangRenderer() if device == DEVICE else None
-
-
-@hookimpl
-def tg_compiler(device: str) -> Optional[ClangCompiler]:
-    return ClangCompiler() if device == DEVICE else None
-
-
-@hookimpl
-def tg_allocator(device: str) -> Optional[MallocAllocator]:
-    return MallocAllocator() if device == DEVICE else None
-
-
-@hookimpl
-def tg_runtime(device: str) -> Optional[type]:
-    return ClangProgram if device == DEVICE else None
+tg_renderer = part_for(DEVICE, ClangRenderer)
+tg_compiler = part_for(DEVICE, ClangCompiler)
+tg_allocator = part_for(DEVICE, MallocAllocator)
+tg_runtime = part_for(DEVICE, lambda: ClangProgram)

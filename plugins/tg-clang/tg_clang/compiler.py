@@ -7,7 +7,7 @@ import subprocess
 from typing import Optional
 
 from tg_clang.toolchain import Toolchain, find_compiler
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 from tgcore.renderer.scratch import compile_folder
 
 __all__ = ["CFLAGS", "ClangCompiler", "find_compiler"]
@@ -38,6 +38,8 @@ class ClangCompiler(Compiler):
         # the compiler, its version and the target's features (the -march and, for native, this CPU's) decide the
         # object code: a cache shared between compilers or targets must not hand one's kernels to the other
         self.cachekey = f"compile_clang_{_identifier(self.toolchain.name)}_{self.toolchain.identity}"
+        flags = " ".join(flag for flag in CFLAGS if flag.startswith("-O"))
+        self.identity = f"{self.toolchain.name} {self.toolchain.version} {flags} -march={self.toolchain.march}"
 
     def compile(self, src: str) -> bytes:
         # the compiler reads the source from stdin; the shared object goes to a folder of this process's own, which a

@@ -10,14 +10,15 @@ from typing import Any, Optional
 
 from cffi import FFI
 
+from tgcore.plugin import Program
 from tgcore.renderer.scratch import process_folder
 
 
-class ClangProgram:
+class ClangProgram(Program):
     """One kernel of a shared object: `void name(void **bufs, const long long *vals)`."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         self.ffi = FFI()
         # the buffers as integers: the same ABI as void**, and cheaper to build than void* cdata
         self.ffi.cdef(f"void {name}(uintptr_t *bufs, const long long *vals);")

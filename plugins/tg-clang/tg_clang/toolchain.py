@@ -18,8 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Optional
 
-from tgcore.device import CompileError
 from tgcore.helpers import diskcache_get, diskcache_put
+from tgcore.plugin import CompileError, vector_register_bytes, vector_register_count
 
 MARCH_ENV = "TG_CLANG_MARCH"
 DEFAULT_MARCH = "native"
@@ -84,18 +84,29 @@ class Toolchain:
         """The compiler's file name (gcc, clang, cc, ...)."""
         return os.path.basename(self.cc)
 
+    @property
+    def version(self) -> str:
+        """The compiler's version as it states it (its __VERSION__ macro: "12.2.0", "Clang 14.0.6"), "" if unsaid."""
+        return next((value.strip('"') for name, value in self.macros if name == "__VERSION__"), "")
+
     def defines(self, macro: str) -> bool:
         return any(name == macro for name, _ in self.macros)
 
     @property
+    def features(self) -> set[str]:
+        """The vector features the target has, by the macros the compiler predefines ("avx", "avx512f")."""
+        return {name for name, macro in (("avx", "__AVX__"), ("avx512f", "__AVX512F__")) if self.defines(macro)}
+
+    @property
     def vector_bytes(self) -> int:
         """Bytes in one vector register of the target: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
-        return 64 if self.defines("__AVX512F__") else 32 if self.defines("__AVX__") else 16
+        return vector_register_bytes(self.features)
 
     @property
     def vector_registers(self) -> int:
         """Vector registers of the target: 32 with AVX-512 and on AArch64, else 16 (SSE, AVX, AVX2)."""
-        return 32 if self.defines("__AVX512F__") or self.defines("__aarch64__") else 16
+        x86 = self.defines("__x86_64__") or self.defines("__i386__")
+        return vector_register_count(self.features, x86) if x86 or self.defines("__aarch64__") else 16
 
     @property
     def flags(self) -> list[str]:

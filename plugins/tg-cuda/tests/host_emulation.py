@@ -27,8 +27,16 @@ from typing import Any, Optional
 from tg_cuda.renderer import LAUNCH_FLAT, CUDARenderer
 from tg_cuda.runtime import launch_dims
 
-from tgcore.device import CompileError, Compiler, MallocAllocator
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, plugin_module, plugins
+from tgcore.plugin import (
+    ALL_DTYPES,
+    PLUGIN_API_VERSION,
+    CompileError,
+    Compiler,
+    DeviceSpec,
+    MallocAllocator,
+    plugin_module,
+    plugins,
+)
 from tgcore.renderer.scratch import compile_folder, process_folder
 
 DEVICE = "CUDAEMU"

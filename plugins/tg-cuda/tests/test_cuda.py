@@ -19,11 +19,13 @@ from tg_cuda.nvrtc import NVRTCUnavailable, load_nvrtc
 from tg_cuda.renderer import LAUNCH_FLAT, CUDARenderer
 from tg_cuda.runtime import launch_dims
 
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps, plain_index_ops
-from tgcore.device import CompileError, Device, DeviceUnavailable
+from tgcore.device import Device, DeviceUnavailable
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
-from tgcore.plugin import ALL_DTYPES, plugins
+from tgcore.plugin import ALL_DTYPES, CompileError
+from tgcore.registry import plugins
 
 
 def _driver_loads() -> bool:
@@ -463,7 +465,7 @@ def test_linearized_kernels_compile(name: str, compiler: CUDACompiler) -> None:
             k = Kernel(si.ast, CUDARenderer())
             if optimize and hasattr(k, "hand_coded_optimizations"):
                 k.hand_coded_optimizations()
-            program = k.to_program()
+            program = to_program(k)
             assert program.global_size is not None and program.local_size is not None
             ptx = compiler.compile(program.src).decode()
             assert f".entry {program.name}(" in ptx
@@ -567,7 +569,7 @@ def test_two_reduces_that_stage_one_input_name_their_shared_arrays_apart(compile
     from tgcore.engine.realize import get_kernel
 
     x, w1, w3 = Tensor.rand(5, 32), Tensor.rand(32, 96), Tensor.rand(32, 96)
-    src = get_kernel(CUDARenderer(), ((x @ w1) * (x @ w3)).schedule()[-1].ast).to_program().src
+    src = to_program(get_kernel(CUDARenderer(), ((x @ w1) * (x @ w3)).schedule()[-1].ast)).src
     shared = [line.split()[2].split("[")[0] for line in src.splitlines() if "__shared__" in line]
     assert len(shared) >= 2 and len(shared) == len(set(shared)), shared
     compiler.compile(src)
@@ -620,7 +622,7 @@ def test_a_hostile_variable_name_renders_and_compiles_to_ptx(
     marker = tmp_path / "pwned"
     name = hostile_names(str(marker))[index]
     for out in _hostile_kernels(name)[0]:
-        program = Kernel(out.schedule()[-1].ast, CUDARenderer()).to_program()
+        program = to_program(Kernel(out.schedule()[-1].ast, CUDARenderer()))
         assert name not in program.src or name.isidentifier()  # (a plain word may be part of others: int, acc0)
         assert f".entry {program.name}(" in compiler.compile(program.src).decode()
     assert not marker.exists() and not os.listdir(tmp_path)

@@ -25,9 +25,10 @@ from tg_cuda.driver import (
 from tg_cuda.nvrtc import NVRTCUnavailable, load_nvrtc
 from tg_cuda.renderer import CUDARenderer
 from tg_cuda.runtime import CUDAProgram
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, DeviceSpec, hookimpl, part_for
 
 __version__ = "0.2.0"
+API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
 
 
 def probe(instance: str = DEVICE) -> Optional[str]:
@@ -74,16 +75,12 @@ def target_arch(instance: str = DEVICE) -> int:
     return gpu.compute_capability[0] * 10 + gpu.compute_capability[1]
 
 
-def _is_mine(device: str) -> bool:
-    return device.partition(":")[0].upper() == DEVICE
-
-
 @hookimpl
 def tg_register_devices(registry: Any) -> None:
     registry.add(
         DeviceSpec(
             DEVICE,
-            PLUGIN_API_VERSION,
+            API_VERSION,
             priority=40,
             probe=probe,
             dtypes=ALL_DTYPES,
@@ -92,21 +89,7 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[CUDARenderer]:
-    return CUDARenderer() if _is_mine(device) else None
-
-
-@hookimpl
-def tg_compiler(device: str, instance: str) -> Optional[CUDACompiler]:
-    return CUDACompiler(target_arch(instance)) if _is_mine(device) else None
-
-
-@hookimpl
-def tg_allocator(device: str, instance: str) -> Optional[CUDAAllocator]:
-    return CUDAAllocator(open_device(ordinal_of(instance))) if _is_mine(device) else None
-
-
-@hookimpl
-def tg_runtime(device: str) -> Optional[type]:
-    return CUDAProgram if _is_mine(device) else None
+tg_renderer = part_for(DEVICE, CUDARenderer)
+tg_compiler = part_for(DEVICE, lambda instance: CUDACompiler(target_arch(instance)), per_instance=True)
+tg_allocator = part_for(DEVICE, lambda instance: CUDAAllocator(open_device(ordinal_of(instance))), per_instance=True)
+tg_runtime = part_for(DEVICE, lambda: CUDAProgram)

@@ -8,7 +8,7 @@ import sys
 import tg_cuda
 from tg_cuda.driver import DriverUnavailable, describe_devices
 from tg_cuda.nvrtc import NVRTCUnavailable
-from tgcore.device import CompileError
+from tgcore.plugin import CompileError
 
 
 def main() -> int:

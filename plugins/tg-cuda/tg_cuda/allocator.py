@@ -11,7 +11,7 @@ import ctypes
 from typing import Any
 
 from tg_cuda.driver import CUDADevice
-from tgcore.device import LRUAllocator
+from tgcore.plugin import LRUAllocator
 
 
 def _host_pointer(mv: memoryview) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tg_cuda.nvrtc import NVRTC, load_nvrtc, nvidia_dirs
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 from tgcore.renderer.scratch import compile_folder
 
 ARCH_ENV = "TG_CUDA_ARCH"
@@ -118,6 +118,7 @@ class CUDACompiler(Compiler):
         if self.ptxas is not None:  # a kernel compiled without the ptxas check must be checked when it is on
             identity.append(f"ptxas {self.ptxas.release} sm_{arch}")
         self.cachekey = f"compile_cuda_sm{arch}_" + hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
+        self.identity = self.describe()
 
     def describe(self) -> str:
         major, minor = self.nvrtc.version

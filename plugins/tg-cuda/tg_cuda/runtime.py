@@ -15,6 +15,7 @@ from tg_cuda.driver import (
     ordinal_of,
 )
 from tg_cuda.renderer import FLAT_THREADS, LAUNCH_FLAT
+from tgcore.plugin import Program
 
 _LOG_SIZE = 16384
 
@@ -39,11 +40,11 @@ def launch_dims(
     return (grid[0], grid[1], grid[2]), (block[0], block[1], block[2])
 
 
-class CUDAProgram:
+class CUDAProgram(Program):
     """One kernel of a PTX module, on device `device` ("CUDA" or "CUDA:N")."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         self.gpu = open_device(ordinal_of(device))
         self.flat = lib.startswith(LAUNCH_FLAT.encode())
         drv = self.gpu.make_current()

@@ -10,6 +10,7 @@ from tgcore.codegen.uops import UOp, UOps
 from tgcore.device import Buffer, Device
 from tgcore.dtype import DType, PtrDType, bf16_round, dtypes
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tgcore.plugin import numpy_dtype
 
 INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32]
 INTS += [dtypes.int64, dtypes.uint64]
@@ -17,7 +18,7 @@ FLOATS = [dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
 
 
 def np_type(dt: DType) -> type:
-    return np.float32 if dt == dtypes.bfloat16 else dt.np  # type: ignore[return-value]
+    return numpy_dtype(dt).type
 
 
 def edge_values(dt: DType) -> np.ndarray:

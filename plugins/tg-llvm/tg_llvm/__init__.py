@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tg_llvm.renderer import LLVMRenderer
-from tgcore.device import MallocAllocator
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, Compiler, DeviceSpec, MallocAllocator, Program, hookimpl, part_for
 
 __version__ = "0.2.0"
 DEVICE = "LLVM"
+API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
 
 
 def probe() -> Optional[str]:
@@ -31,7 +31,7 @@ def tg_register_devices(registry: Any) -> None:
     registry.add(
         DeviceSpec(
             DEVICE,
-            PLUGIN_API_VERSION,
+            API_VERSION,
             priority=20,
             probe=probe,
             dtypes=ALL_DTYPES,
@@ -40,29 +40,19 @@ def tg_register_devices(registry: Any) -> None:
     )
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[LLVMRenderer]:
-    return LLVMRenderer() if device == DEVICE else None
-
-
-@hookimpl
-def tg_compiler(device: str) -> Any:
-    if device != DEVICE:
-        return None
+def _compiler() -> Compiler:
     from tg_llvm.compiler import LLVMCompiler  # imported on use: without llvmlite, probe() says why LLVM is out
 
     return LLVMCompiler()
 
 
-@hookimpl
-def tg_allocator(device: str) -> Optional[MallocAllocator]:
-    return MallocAllocator() if device == DEVICE else None
-
-
-@hookimpl
-def tg_runtime(device: str) -> Optional[type]:
-    if device != DEVICE:
-        return None
+def _runtime() -> type[Program]:
     from tg_llvm.runtime import LLVMProgram
 
     return LLVMProgram
+
+
+tg_renderer = part_for(DEVICE, LLVMRenderer)
+tg_compiler = part_for(DEVICE, _compiler)
+tg_allocator = part_for(DEVICE, MallocAllocator)
+tg_runtime = part_for(DEVICE, _runtime)

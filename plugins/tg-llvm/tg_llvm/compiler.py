@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler, vector_register_bytes, vector_register_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,17 +30,26 @@ def host_cpu() -> tuple[Any, str, str]:
     return target, binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten()
 
 
+def _llvmlite_version() -> str:
+    import llvmlite
+
+    return str(llvmlite.__version__)
+
+
+def host_features() -> set[str]:
+    """The instruction-set features LLVM finds on this CPU, as lower-case names ("avx2", "avx512f", ...)."""
+    return {f[1:] for f in host_cpu()[2].split(",") if f.startswith("+")}
+
+
 def host_vector_bytes() -> int:
     """Bytes in one vector register of this CPU: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
-    features = host_cpu()[2].split(",")
-    return 64 if "+avx512f" in features else 32 if "+avx" in features else 16
+    return vector_register_bytes(host_features())
 
 
 def host_vector_registers() -> int:
     """Vector registers of this CPU: 32 with AVX-512 and off x86 (AArch64's NEON), 16 on x86 without AVX-512."""
-    if "+avx512f" in host_cpu()[2].split(","):
-        return 32
-    return 16 if llvm().get_process_triple().startswith(("x86_64", "i386", "i686")) else 32
+    x86 = llvm().get_process_triple().startswith(("x86_64", "i386", "i686"))
+    return vector_register_count(host_features(), x86)
 
 
 def host_target_machine(opt: int) -> Any:
@@ -111,6 +120,8 @@ class LLVMCompiler(Compiler):
         # exported names carry a digest of the source, which objects cached before that did not)
         cpu = re.sub(r"\W", "_", cpu_name)
         self.cachekey = f"compile_llvm_{version}_{cpu}_{features}_u_O{self.opt}"
+        llvm_version = ".".join(map(str, binding.llvm_version_info))
+        self.identity = f"llvmlite {_llvmlite_version()} (LLVM {llvm_version}) -O{self.opt} -mcpu={cpu_name}"
 
     def compile(self, src: str) -> bytes:
         binding = llvm()

@@ -12,6 +12,7 @@ import weakref
 from typing import Any, Optional
 
 from tg_llvm.compiler import host_target_machine, llvm
+from tgcore.plugin import Program
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 _LINKER_SYMBOLS = {"_GLOBAL_OFFSET_TABLE_"}  # MCJIT's loader makes these itself
@@ -98,14 +99,14 @@ def _load_shared(lib: bytes, symbol: str) -> tuple[_Engine, int]:
         return engine, address
 
 
-class LLVMProgram:
+class LLVMProgram(Program):
     """One kernel, `void name(void **bufs, const long long *vals)`, from object code loaded by MCJIT. Objects from
     LLVMCompiler export the kernel as `name.<digest of its source>` (compiler.unique_symbol), so many of them
     share an engine; an object that exports `name` itself (kernel names repeat across kernels) or is not ELF
     gets an engine of its own."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         binding = llvm()
         _load_support_libraries()
         symbols = elf_symbols(lib)

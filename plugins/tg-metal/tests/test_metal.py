@@ -35,13 +35,15 @@ from tg_metal.runtime import MetalProgram, threads_per_threadgroup
 from tg_metal.syntax import ENV_CHECK, ENV_CXX, MetalSyntaxError, check_syntax, find_cxx
 
 from tgcore import Device, Tensor, dtypes
-from tgcore import device as core_device
+from tgcore import plugin as contract
 from tgcore.codegen.kernel import Kernel
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import CompileError, DeviceUnavailable
+from tgcore.device import DeviceUnavailable
 from tgcore.dtype import DType, PtrDType
 from tgcore.engine import realize
 from tgcore.ops import BinaryOps, BufferOps, TernaryOps
+from tgcore.plugin import CompileError, InstanceCache
 
 DEV = "METAL"
 ON_MACOS = sys.platform == "darwin"
@@ -103,7 +105,7 @@ def test_importing_the_plugin_imports_no_pyobjc() -> None:
         import sys, tg_metal
         from tgcore import Device
         Device.status("METAL")
-        tg_metal.tg_renderer("METAL").render
+        tg_metal.tg_renderer("METAL", "METAL").render
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("Metal", "objc", "libdispatch", "Foundation")))
         """
     )
@@ -113,7 +115,7 @@ def test_importing_the_plugin_imports_no_pyobjc() -> None:
 
 def test_device_spec() -> None:
     spec = Device.specs()[DEV]
-    assert spec.priority == 40 and spec.api_version == tg_metal.PLUGIN_API_VERSION
+    assert spec.priority == 40 and spec.api_version == tg_metal.API_VERSION == (2, 0)
     assert dtypes.float64 not in spec.dtypes and dtypes.int64 in spec.dtypes and dtypes.float16 in spec.dtypes
     assert not ON_MACOS or tg_metal._macos_major() >= 14 or dtypes.bfloat16 not in spec.dtypes
     assert all(dt in spec.tolerances for dt in spec.dtypes if dtypes.is_float(dt))
@@ -123,8 +125,8 @@ def test_device_spec() -> None:
 def test_off_macos_only_the_renderer_is_given() -> None:
     assert Device.status(DEV) == "Metal needs macOS (this is Linux)"
     assert tg_metal.probe() == "Metal needs macOS (this is Linux)"
-    assert isinstance(tg_metal.tg_renderer(device="METAL"), MetalRenderer)
-    assert tg_metal.tg_renderer(device="OPENCL") is None
+    assert isinstance(tg_metal.tg_renderer(device="METAL", instance="METAL"), MetalRenderer)
+    assert tg_metal.tg_renderer(device="OPENCL", instance="OPENCL") is None
     assert tg_metal.tg_compiler(device="METAL", instance="METAL") is None
     assert tg_metal.tg_allocator(device="METAL", instance="METAL:1") is None
     assert tg_metal.tg_runtime(device="METAL") is None
@@ -306,7 +308,7 @@ def test_every_front_end_parses_linearized_kernels(cxx: Optional[str], monkeypat
     for out in outs:
         for si in out.schedule():
             if si.ast.op is BufferOps.STORE:
-                Kernel(si.ast, MetalRenderer()).to_program()  # raises MetalSyntaxError if it does not parse
+                to_program(Kernel(si.ast, MetalRenderer()))  # raises MetalSyntaxError if it does not parse
                 count += 1
     assert count >= 4
 
@@ -476,16 +478,16 @@ def fake_mac(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     device = fake.Device(CXX)
     metal = fake.metal_module(device)
     monkeypatch.setattr(metal_context, "import_metal", lambda: (metal, fake.dispatch_module()))
-    monkeypatch.setattr(metal_context, "_contexts", {})
+    monkeypatch.setattr(metal_context, "_contexts", InstanceCache(metal_context.open_context))
     monkeypatch.setattr(tg_metal, "_runs_here", tg_metal._is_mine)
     monkeypatch.setenv(ENV_CHECK, "0")  # the fake's compiler parses everything anyway
     for attr in ("_instances", "_status"):  # forget what the core learnt about METAL off this fake Mac
         monkeypatch.setattr(Device, attr, {})
     monkeypatch.setattr(realize, "_runner_cache", {})
     # programs compiled by the fake stay out of the caches
-    monkeypatch.setattr(core_device, "_compiled", {})
-    monkeypatch.setattr(core_device, "diskcache_get", lambda table, key: None)
-    monkeypatch.setattr(core_device, "diskcache_put", lambda table, key, value: value)
+    monkeypatch.setattr(contract, "_compiled", {})
+    monkeypatch.setattr(contract, "diskcache_get", lambda table, key: None)
+    monkeypatch.setattr(contract, "diskcache_put", lambda table, key, value: value)
     yield SimpleNamespace(device=device, context=metal_context.get_context(DEV), metal=metal)
 
 
@@ -698,7 +700,7 @@ def test_a_hostile_variable_name_renders_and_parses(index: int, tmp_path: Any, m
     marker = tmp_path / "pwned"
     name = hostile_names(str(marker))[index]
     for out in _hostile_kernels(name, "PYTHON")[0]:
-        program = Kernel(out.schedule()[-1].ast, MetalRenderer()).to_program()  # MetalSyntaxError if it does not parse
+        program = to_program(Kernel(out.schedule()[-1].ast, MetalRenderer()))  # MetalSyntaxError if it does not parse
         assert name not in program.src or name.isidentifier()  # (a plain word may be part of others: int, acc0)
     assert not marker.exists() and not os.listdir(tmp_path)
 

@@ -18,10 +18,11 @@ from tg_metal.context import MetalUnavailable, get_context
 from tg_metal.renderer import MetalRenderer
 from tg_metal.runtime import MetalProgram
 from tgcore.dtype import DType, dtypes
-from tgcore.plugin import ALL_DTYPES, DEFAULT_TOLERANCES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, DEFAULT_TOLERANCES, DeviceSpec, hookimpl, part_for
 
 __version__ = "0.2.0"
 DEVICE = "METAL"
+API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
 
 
 def probe(instance: str = DEVICE) -> Optional[str]:
@@ -56,7 +57,7 @@ def tg_register_devices(registry: Any) -> None:
     registry.add(
         DeviceSpec(
             DEVICE,
-            PLUGIN_API_VERSION,
+            API_VERSION,
             priority=40,
             probe=probe,
             dtypes=claimed,
@@ -69,9 +70,7 @@ def tg_register_devices(registry: Any) -> None:
 # the part hooks get the device's base name and the instance being opened (METAL, METAL:1, ...)
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[MetalRenderer]:
-    return MetalRenderer() if _is_mine(device) else None  # rendering needs no Metal: it works on every OS
+tg_renderer = part_for(DEVICE, MetalRenderer)  # rendering needs no Metal: it works on every OS
 
 
 def _runs_here(device: str) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tg_metal.context import MetalContext
-from tgcore.device import LRUAllocator
+from tgcore.plugin import LRUAllocator
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tg_metal.context import MetalContext, describe
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 _MAGIC = b"TGMT"
 _HEADER = struct.Struct("<4sBBxxQ")
@@ -72,6 +72,7 @@ class MetalCompiler(Compiler):
         self.context = context
         identity = f"{self.context.name}\n{platform.mac_ver()[0]}"
         self.cachekey = "compile_metal_" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.identity = f"Metal library compiler for {self.context.name} (macOS {platform.mac_ver()[0]})"
 
     def compile(self, src: str) -> bytes:
         if "\x00" in src:  # Metal's compiler would read the source only up to it

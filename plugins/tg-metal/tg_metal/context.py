@@ -13,6 +13,8 @@ import platform
 import sys
 from typing import Any
 
+from tgcore.plugin import InstanceCache, instance_index
+
 _INSTALL_HINT = "pip install pyobjc-framework-Metal pyobjc-framework-libdispatch (tg-metal depends on both on macOS)"
 
 
@@ -77,23 +79,20 @@ class MetalContext:
             self.wait(command_buffer)
 
 
-_contexts: dict[int, MetalContext] = {}  # by instance index
+def open_context(instance: str) -> MetalContext:
+    """A new context of device instance `instance`; MetalUnavailable when it cannot be used here."""
+    index = instance_index(instance)
+    metal, dispatch = import_metal()
+    devices = metal_devices(metal)
+    if index >= len(devices):
+        names = ", ".join(f"METAL:{i} = {d.name()}" for i, d in enumerate(devices))
+        raise MetalUnavailable(f"{instance} does not exist: this Mac has {len(devices)} Metal device(s) ({names})")
+    return MetalContext(metal, dispatch, devices[index])
 
 
-def instance_index(instance: str) -> int:
-    """0 for "METAL" or "METAL:0", N for "METAL:N"."""
-    _, _, index = instance.partition(":")
-    return int(index) if index else 0
+_contexts: InstanceCache[MetalContext] = InstanceCache(open_context)  # one per instance, made on first use
 
 
 def get_context(instance: str = "METAL") -> MetalContext:
     """The context of device instance `instance`, made on first use; MetalUnavailable when it cannot be used here."""
-    index = instance_index(instance)
-    if index not in _contexts:
-        metal, dispatch = import_metal()
-        devices = metal_devices(metal)
-        if index >= len(devices):
-            names = ", ".join(f"METAL:{i} = {d.name()}" for i, d in enumerate(devices))
-            raise MetalUnavailable(f"{instance} does not exist: this Mac has {len(devices)} Metal device(s) ({names})")
-        _contexts[index] = MetalContext(metal, dispatch, devices[index])
-    return _contexts[index]
+    return _contexts(instance)

@@ -9,6 +9,7 @@ from typing import Optional
 from tg_metal.allocator import MetalBuffer
 from tg_metal.compiler import LIBRARY, compile_options, unpack_library
 from tg_metal.context import describe, get_context
+from tgcore.plugin import Program
 
 
 def _dims(size: Optional[tuple[int, ...]]) -> tuple[int, int, int]:
@@ -27,11 +28,11 @@ def threads_per_threadgroup(grid: tuple[int, int, int], max_threads: int) -> tup
     return x, y, z
 
 
-class MetalProgram:
+class MetalProgram(Program):
     """One kernel of a compiled library, as a compute pipeline on device instance `device` (METAL, METAL:1, ...)."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         self.context = context = get_context(device)
         compiled = unpack_library(lib)
         self.grid_indexed = compiled.grid_indexed

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from tgcore.device import CompileError
+from tgcore.plugin import CompileError
 
 ENV_CHECK = "TG_METAL_SYNTAX_CHECK"
 ENV_CXX = "TG_METAL_CXX"

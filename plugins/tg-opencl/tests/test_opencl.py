@@ -20,9 +20,9 @@ from tg_opencl.renderer import OpenCLRenderer
 
 from tgcore import Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.uops import UOp, UOps
-from tgcore.device import CompileError
 from tgcore.dtype import DType, PtrDType, bf16_round
 from tgcore.ops import BinaryOps
+from tgcore.plugin import CompileError
 
 DEV = "OPENCL"
 

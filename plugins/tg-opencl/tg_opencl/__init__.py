@@ -13,9 +13,10 @@ from tg_opencl.compiler import OpenCLCompiler
 from tg_opencl.renderer import OpenCLRenderer
 from tg_opencl.runtime import OpenCLProgram
 from tgcore.dtype import DType, dtypes
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, DeviceSpec, hookimpl
+from tgcore.plugin import ALL_DTYPES, DeviceSpec, hookimpl, part_for
 
 __version__ = "0.2.0"
+API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
 # what every OpenCL device computes (bfloat16 in float: see renderer.py); half and double only where every device
 # reports cl_khr_fp16 / cl_khr_fp64
 BASE_DTYPES: tuple[DType, ...] = tuple(dt for dt in ALL_DTYPES if dt not in (dtypes.float16, dtypes.float64))
@@ -45,10 +46,6 @@ def device_dtypes() -> tuple[DType, ...]:
     return BASE_DTYPES + tuple(extra)
 
 
-def _is_mine(device: str) -> bool:
-    return device.partition(":")[0].upper() == DEVICE
-
-
 @hookimpl
 def tg_register_devices(registry: Any) -> None:
     try:
@@ -57,34 +54,24 @@ def tg_register_devices(registry: Any) -> None:
         description = "OpenCL C through pyopencl (no OpenCL platform here)"
     registry.add(
         DeviceSpec(
-            DEVICE, PLUGIN_API_VERSION, priority=30, probe=probe, dtypes=device_dtypes(), description=description
+            DEVICE, API_VERSION, priority=30, probe=probe, dtypes=device_dtypes(), description=description
         )
     )
 
 
-@hookimpl
-def tg_renderer(device: str) -> Optional[OpenCLRenderer]:
-    if not _is_mine(device):
-        return None
+def _renderer() -> OpenCLRenderer:
     try:
         return OpenCLRenderer(get_platform().infos)
     except OpenCLUnavailable:  # rendering needs no device: render for OpenCL's guaranteed limits
         return OpenCLRenderer()
 
 
-@hookimpl
-def tg_compiler(device: str) -> Optional[OpenCLCompiler]:
-    return OpenCLCompiler(get_platform()) if _is_mine(device) else None
-
-
-@hookimpl
-def tg_allocator(device: str) -> Optional[OpenCLAllocator]:
-    if not _is_mine(device):
-        return None
+def _allocator(instance: str) -> OpenCLAllocator:
     platform = get_platform()
-    return OpenCLAllocator(platform, platform.index(device))
+    return OpenCLAllocator(platform, platform.index(instance))
 
 
-@hookimpl
-def tg_runtime(device: str) -> Optional[type]:
-    return OpenCLProgram if _is_mine(device) else None
+tg_renderer = part_for(DEVICE, _renderer)
+tg_compiler = part_for(DEVICE, lambda: OpenCLCompiler(get_platform()))
+tg_allocator = part_for(DEVICE, _allocator, per_instance=True)
+tg_runtime = part_for(DEVICE, lambda: OpenCLProgram)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from tg_opencl.cl_platform import OpenCLPlatform
-from tgcore.device import LRUAllocator
+from tgcore.plugin import LRUAllocator
 
 
 @dataclass(frozen=True, eq=False)

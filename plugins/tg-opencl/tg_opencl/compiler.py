@@ -14,7 +14,7 @@ import struct
 import warnings
 
 from tg_opencl.cl_platform import OpenCLPlatform
-from tgcore.device import CompileError, Compiler
+from tgcore.plugin import CompileError, Compiler
 
 _MAGIC = b"TGCL"
 SOURCE_KEY = "#source"
@@ -63,6 +63,7 @@ class OpenCLCompiler(Compiler):
             self.options.append("-cl-fp32-correctly-rounded-divide-sqrt")
         identity = "\n".join([platform.name, platform.version, *self.builders, *self.options])
         self.cachekey = "compile_opencl_" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.identity = f"{platform.name} {platform.version} program build {' '.join(self.options)}".strip()
 
     def compile(self, src: str) -> bytes:
         import pyopencl as cl

@@ -11,15 +11,16 @@ import numpy as np
 from tg_opencl.allocator import BufferView
 from tg_opencl.cl_platform import get_platform
 from tg_opencl.compiler import SOURCE_KEY, unpack_binaries
+from tgcore.plugin import Program
 
 
-class OpenCLProgram:
+class OpenCLProgram(Program):
     """One kernel of a built program, on device `device` ("OPENCL" or "OPENCL:N")."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         import pyopencl as cl
 
-        self.device, self.name = device, name
+        super().__init__(device, name, lib)
         self.platform = get_platform()
         index = self.platform.index(device)
         self.cl_device, self.queue = self.platform.devices[index], self.platform.queues[index]

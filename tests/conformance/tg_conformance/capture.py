@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Optional, TypeVar
 
 from tg_conformance.kernels import compile_pool
 from tg_conformance.target import COMPILE, Target
+from tgcore.codegen.program import to_program
 from tgcore.device import Device
 from tgcore.engine import realize
 from tgcore.ops import LazyOp
@@ -78,7 +79,7 @@ def build_for_target(target: Target, asts: list[LazyOp], what: str) -> None:
         try:
             kernel = realize.get_kernel(target.renderer, ast)
             name = kernel.name
-            sources.append((name, kernel.to_program().src, None))
+            sources.append((name, to_program(kernel).src, None))
         except Exception as e:  # every kernel is tried; the failures are listed together
             sources.append((name, None, e))
     if target.mode == COMPILE and target.compiler is not None:

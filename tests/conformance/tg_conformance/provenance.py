@@ -12,7 +12,7 @@ import tgcore
 from tg_conformance import ENV_PRIVATE_CACHE
 from tg_conformance.target import Target
 from tgcore import helpers
-from tgcore.plugin import plugins
+from tgcore.registry import plugins
 
 
 def _distribution_of(module: str) -> Optional[dict[str, str]]:

@@ -8,7 +8,8 @@ import pytest
 
 from tgcore.device import Device, DeviceUnavailable
 from tgcore.dtype import DType, dtypes
-from tgcore.plugin import DeviceSpec, plugins
+from tgcore.plugin import DeviceSpec
+from tgcore.registry import plugins
 
 RUN, COMPILE, RENDER = "run", "compile", "render"
 ENV_DEVICE = "TG_CONFORMANCE_DEVICE"  # the device to test when --device is not given

@@ -67,7 +67,7 @@ def test_renderer_contract(target: Target) -> None:
     gm = getattr(r, "global_max", "missing")
     if gm is not None and not (isinstance(gm, tuple) and gm and all(isinstance(x, int) and x > 0 for x in gm)):
         problems.append(f"global_max is {gm!r}: expected None (loops) or a tuple of positive ints")
-    for attr in ("has_local", "has_shared", "supports_float4"):
+    for attr in ("has_local", "has_shared", "vector_uops"):
         if not isinstance(getattr(r, attr, None), bool):
             problems.append(f"{attr} is {getattr(r, attr, 'missing')!r}: expected a bool")
     assert not problems, f"renderer {type(r).__name__} of {target.name}:\n  " + "\n  ".join(problems)

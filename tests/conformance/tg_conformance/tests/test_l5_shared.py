@@ -12,6 +12,7 @@ import pytest
 from tg_conformance.target import Target
 from tgcore import Tensor
 from tgcore.codegen.kernel import Kernel, Opt, OptOps
+from tgcore.codegen.program import to_program
 from tgcore.device import Buffer
 from tgcore.engine.realize import CompiledRunner, get_kernel, run_schedule
 from tgcore.helpers import Context
@@ -61,7 +62,7 @@ def test_staged_inputs_give_the_unoptimized_bits(shared: Target, case: str) -> N
     k.apply_opts(opts + STAGE_BOTH)
     assert len(k.staged) == 2
     dest = Buffer(shared.name, si.outputs[0].size, si.outputs[0].dtype).allocate()
-    CompiledRunner(shared.name, k.to_program())([dest] + [t.base.buffer for t in si.inputs], {})
+    CompiledRunner(shared.name, to_program(k))([dest] + [t.base.buffer for t in si.inputs], {})
     np.testing.assert_array_equal(dest.numpy().reshape(reference.shape), reference, err_msg=f"{case}: staged")
 
 

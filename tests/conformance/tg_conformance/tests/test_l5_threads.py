@@ -8,6 +8,7 @@ import pytest
 
 from tg_conformance.target import Target
 from tgcore import Tensor
+from tgcore.codegen.program import to_program
 from tgcore.engine.realize import get_kernel, thread_count
 from tgcore.helpers import Context
 
@@ -49,17 +50,17 @@ def test_thread_counts_give_the_same_bits(threaded: Target, case: str, monkeypat
 def test_big_kernels_split_and_small_ones_do_not(threaded: Target) -> None:
     big = (Tensor.ones(1024, 1024, device=threaded.name).contiguous() + 1).schedule()[-1]
     small = (Tensor.ones(16, device=threaded.name).contiguous() + 1).schedule()[-1]
-    program = get_kernel(threaded.renderer, big.ast).to_program()
+    program = to_program(get_kernel(threaded.renderer, big.ast))
     assert program.thread_extent is not None and program.thread_extent >= 2
     assert [u.arg[0] for u in program.uops if u.op.name == "DEFINE_VAR"][-2:] == ["core_start", "core_end"]
-    assert get_kernel(threaded.renderer, small.ast).to_program().thread_extent is None
+    assert to_program(get_kernel(threaded.renderer, small.ast)).thread_extent is None
 
 
 @pytest.mark.tg_op("threads")
 def test_in_place_update_is_not_split(threaded: Target) -> None:
     x = Tensor(np.arange(1 << 18, dtype=np.float32), device=threaded.name).realize()
     si = x.assign(x * 2 + 1).schedule()[-1]  # reads the buffer it writes: the kernel stays on one thread
-    program = get_kernel(threaded.renderer, si.ast).to_program()
+    program = to_program(get_kernel(threaded.renderer, si.ast))
     assert any(leaf.arg.idx == 0 for leaf in si.ast.lazyops() if leaf.op.name == "LOAD")
     assert program.thread_extent is None
     x.realize()
