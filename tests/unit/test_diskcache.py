@@ -248,7 +248,7 @@ def test_api_mistakes_still_raise_on_a_broken_cache(isolated_cache: pathlib.Path
 _WORKLOAD = r"""
 import json, sys, time, warnings
 import numpy as np
-import tgcore.device, tgcore.engine.search
+import tgcore.plugin, tgcore.engine.search
 from tgcore import Device, Tensor
 from tgcore.helpers import CacheWarning, Context
 
@@ -266,7 +266,7 @@ def timed(fn):
             cache_seconds[0] += time.perf_counter() - start
     return wrapper
 
-for module in (tgcore.device, tgcore.engine.search):
+for module in (tgcore.plugin, tgcore.engine.search):
     module.diskcache_get, module.diskcache_put = timed(module.diskcache_get), timed(module.diskcache_put)
 
 work = [0]  # what a cache hit saves: a compile on CLANG, a BEAM search on PYTHON
