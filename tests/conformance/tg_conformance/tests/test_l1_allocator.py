@@ -66,8 +66,8 @@ def test_allocator_offset_views(executing: Target, offset: int) -> None:
     """offset(buf, size, offset) is a view: reads see the base's bytes, writes land in the base (at an offset
     aligned for any device, and at a small unaligned one)."""
     allocator = executing.device.allocator
-    if not hasattr(allocator, "offset"):
-        pytest.skip(f"{executing.name}'s allocator has no offset (optional in the plugin contract)")
+    if not allocator.supports_offset:
+        pytest.skip(f"{executing.name}'s allocator declares no offset (supports_offset: optional in the contract)")
     data = bytes(range(256)) * 2
     base = allocator.alloc(len(data))
     try:
@@ -89,8 +89,8 @@ def test_allocator_offset_views(executing: Target, offset: int) -> None:
 def test_allocator_as_buffer(executing: Target) -> None:
     """as_buffer(opaque), where the allocator has it, shows the buffer's bytes."""
     allocator = executing.device.allocator
-    if not hasattr(allocator, "as_buffer"):
-        pytest.skip(f"{executing.name}'s allocator has no as_buffer (optional in the plugin contract)")
+    if not allocator.supports_as_buffer:
+        pytest.skip(f"{executing.name}'s allocator declares no as_buffer (supports_as_buffer: optional)")
     data = bytes(range(33))
     opaque = allocator.alloc(len(data))
     try:
@@ -145,8 +145,8 @@ def test_buffer_round_trip(executing: Target, dtype: DType, size: int, rng: np.r
 @pytest.mark.parametrize("offset", [256, 8])
 def test_buffer_views(executing: Target, offset: int) -> None:
     """Buffer.view reads and writes a slice of its base (when the allocator has offset)."""
-    if not hasattr(executing.device.allocator, "offset"):
-        pytest.skip(f"{executing.name}'s allocator has no offset, so Buffer.view is not available")
+    if not executing.device.allocator.supports_offset:
+        pytest.skip(f"{executing.name}'s allocator declares no offset, so Buffer.view is not available")
     first = offset // 4
     base = Buffer(executing.name, 128, dtypes.int32, initial_value=np.arange(128, dtype=np.int32).tobytes())
     view = base.view(4, dtypes.int32, offset)
