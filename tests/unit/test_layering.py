@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tgcore"
 THIRD_PARTY = {"numpy", "pluggy", "tqdm"}  # the core's dependencies
 # what the contract may import of tgcore: leaf modules that import only the standard library, the core's dependencies
 # and each other (test_contract_floor_is_closed checks it)
-CONTRACT_MAY_IMPORT = {"tgcore.dtype", "tgcore.helpers", "tgcore.renderer.errors", "tgcore.renderer.scratch"}
+CONTRACT_MAY_IMPORT = {"tgcore.dtype", "tgcore.helpers", "tgcore.renderer.errors", "tgcore.scratch"}
 
 
 def module_name(path: Path) -> str:
