@@ -1064,8 +1064,16 @@ class Tensor:
     def sum(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, acc_dtype: Optional[DType] = None
     ) -> Tensor:
-        """Sum over `axis` (all axes by default), accumulating in a wide enough dtype."""
+        """Sum over `axis` (all axes by default), accumulating in a wide enough dtype: as tinygrad, bool and integers
+        narrower than 32 bits in (u)int32, except where the count summed could pass its range (over 2**31 bools, over
+        16.9M uint8 values, ...): then in (u)int64, as numpy, never a wrapped total."""
         acc = acc_dtype or sum_acc_dtype(self.dtype)
+        if acc_dtype is None and self.dtype.itemsize < 4 and not dtypes.is_float(self.dtype):
+            count = prod(self.shape[a] for a in self._reduce_axes(axis))
+            most = count if isinstance(count, int) else count.max  # (a symbolic count: its largest value)
+            largest = max(abs(int(dtypes.min(self.dtype))), int(dtypes.max(self.dtype)))
+            if not isinstance(most, int) or most * largest > int(dtypes.max(acc)):
+                acc = dtypes.uint64 if dtypes.is_unsigned(acc) else dtypes.int64
         ret = self.cast(acc)._reduce(F.Sum, axis, keepdim)
         return ret.cast(self.dtype) if acc_dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
 
