@@ -17,7 +17,10 @@ import pathlib
 import platform
 import pstats
 import re
+import secrets
+import socket
 import sqlite3
+import stat
 import string
 import subprocess
 import tempfile
@@ -25,10 +28,16 @@ import threading
 import time
 import urllib.request
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, TypeVar
 
 from tqdm import tqdm
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: stale temporary files are then left for the user)
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from typing import Self
@@ -770,6 +779,104 @@ def diskcache(func: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
+# **************** files written beside their target, and the ones killed writers leave ****************
+# (safe_save and fetch write a temporary file beside the target and rename it into place when it is complete)
+
+# after the prefix ".<target's name>.": <machine tag>-<pid>.<random part>.tmp
+_TEMP_NAME = re.compile(r"([0-9a-f]{8})-([0-9]{1,10})\.[A-Za-z0-9_]+\.tmp")
+
+
+def machine_tag() -> str:
+    """A short tag of this machine: a writer's process id is only looked up on the machine that wrote it."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def temp_beside(path: str) -> tuple[int, str]:
+    """(an open descriptor, the path) of a new, empty temporary file beside `path`, named for this writer.
+
+    Created with mode 0o666 so that the umask gives it the permissions open() would give the file (mkstemp makes it
+    private, and reading the umask means setting it, which races with other threads)."""
+    folder = os.path.dirname(path) or "."
+    prefix = f".{os.path.basename(path)}.{machine_tag()}-{os.getpid()}."
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary file name beside {path!r} after 100 tries")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (in this process's view of it); True when unsure."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists (POSIX; never called without fcntl)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process, or no pid this system can have: left alone
+    return True
+
+
+def remove_stale_temps(path: str) -> None:
+    """Remove the temporary files (temp_beside) of `path` that writers on this machine left when they were killed:
+    those of a process that no longer exists and whose lock no process holds. Never one of a live writer."""
+    if fcntl is None:
+        return
+    folder, lead, tag = os.path.dirname(path) or ".", f".{os.path.basename(path)}.", machine_tag()
+    try:
+        entries = os.scandir(folder)
+    except OSError:
+        return  # (no folder, or one we cannot list: nothing of ours to clean)
+    with entries:
+        for entry in entries:
+            if not entry.name.startswith(lead):
+                continue
+            m = _TEMP_NAME.fullmatch(entry.name[len(lead) :])
+            if m is None or m[1] != tag or process_alive(int(m[2])):
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    _remove_if_unlocked(entry.path)
+            except OSError:
+                continue  # (removed by another cleaner meanwhile, or a read-only folder: left as it is)
+
+
+def _remove_if_unlocked(path: str) -> None:
+    """Remove a temporary file unless a writer holds its lock (a writer in another pid namespace of this machine)."""
+    assert fcntl is not None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live writer holds it
+        except OSError:
+            pass  # a file system without locks: the writer could not lock it either, and its pid is gone
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):  # still the file that was locked
+            os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def lock_temp(fd: int) -> None:
+    """Lock a temporary file while it is written, so that a cleaner in another pid namespace sees a live writer."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place (the descriptor is closed after the rename)
+    except OSError:
+        pass  # a file system without locks (some network ones): the pid in the name still tells live writers
+
+
+
 # **************** downloads ****************
 
 
@@ -792,8 +899,10 @@ def fetch(
             raise RuntimeError(f"fetch {url} failed: HTTP status {status}, expected 200")
         total_length = int(response.headers.get("content-length", 0) or 0)
         fp.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=fp.parent, prefix=f".{fp.name}.", suffix=".partial")
+        remove_stale_temps(str(fp))  # what a download of this file that was killed left
+        fd, tmp_name = temp_beside(str(fp))
         try:
+            lock_temp(fd)
             with os.fdopen(fd, "wb") as f, tqdm(total=total_length, unit="B", unit_scale=True, desc=url) as progress:
                 while chunk := response.read(16384):
                     progress.update(f.write(chunk))

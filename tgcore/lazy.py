@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from tgcore import storage
 from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
 from tgcore.ops import BinaryOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
@@ -162,9 +163,7 @@ class LazyBuffer:
         """This data in a buffer of its own, laid out contiguously (a no-op when it already is)."""
         if not self.st.contiguous or self.size != self.base.size or self.is_unrealized_const():
             if Device.storage_only(self.device):  # no kernel: a Buffer over the same bytes, if they are one run
-                from tgcore.runtime import disk
-
-                return disk.contiguous(self)
+                return storage.contiguous(self)
             return self._new(LoadOps.CONTIGUOUS, None, (self,))
         if self.base.realized is None:
             self.base.forced_realize = True  # a kernel boundary: this base gets a buffer of its own
@@ -175,9 +174,7 @@ class LazyBuffer:
         if self.dtype == dtype:
             return self
         if bitcast and Device.storage_only(self.device):  # a view of the same bytes, no kernel
-            from tgcore.runtime import disk
-
-            return disk.bitcast(self, dtype)
+            return storage.bitcast(self, dtype)
         if bitcast and self.dtype.itemsize != dtype.itemsize:
             raise ValueError(f"cannot bitcast {self.dtype} to {dtype}: the item sizes differ")
         if self.is_unrealized_unmasked_const() and not bitcast and _foldable_cast(self.base.arg, dtype):
@@ -292,9 +289,7 @@ class LazyBuffer:
                 .expand(self.shape)
             )
         if self._base is not None and Device.storage_only(self.device):  # copies the bytes the view reads
-            from tgcore.runtime import disk
-
-            return disk.copy_to_device(self, device)
+            return storage.copy_to_device(self, device)
         src = self.contiguous()
         return LazyBuffer(device, ShapeTracker.from_shape(self.shape), self.dtype, LoadOps.COPY, None, (src,))
 

@@ -36,6 +36,7 @@ import pluggy
 
 from tgcore.dtype import DType, PtrDType, dtypes
 from tgcore.helpers import diskcache_get, diskcache_put, getenv
+from tgcore.scratch import compile_folder, process_folder
 
 if TYPE_CHECKING:
     from tgcore.codegen.uops import UOp
@@ -66,6 +67,11 @@ __all__ = [
     "vector_register_count",
     "vector_widths",
     "numpy_dtype",
+    "compile_folder",
+    "process_folder",
+    "DType",
+    "PtrDType",
+    "dtypes",
     "plugin_module",
 ]
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence, Union
 import numpy as np
 
 import tgcore.function as F
+from tgcore import storage
 from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from tgcore.engine.realize import run_schedule
@@ -291,9 +292,7 @@ class Tensor:
         torch make a new array): its tensor alone takes the new value. Assigning into a tensor of its own memory
         that is computed is lazy: the write happens when it is realized."""
         if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # written now, any device
-            from tgcore.runtime import disk
-
-            return disk.assign(self, x)
+            return storage.assign(self, x)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
@@ -899,9 +898,7 @@ class Tensor:
     def __setitem__(self, indices: Any, v: Union[Tensor, ConstType]) -> None:
         """Write `v` (broadcast, cast to this dtype) into the indexed part: in place when this tensor is realized."""
         if type(self.lazydata) is LazyBuffer and Device.storage_only(self.lazydata.device):  # into the file, now
-            from tgcore.runtime import disk
-
-            disk.setitem(self, indices, v)
+            storage.setitem(self, indices, v)
             return
         if self.requires_grad:
             raise NotImplementedError("setitem on a tensor that requires grad is not supported: use where or pad")
@@ -1067,8 +1064,16 @@ class Tensor:
     def sum(
         self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False, acc_dtype: Optional[DType] = None
     ) -> Tensor:
-        """Sum over `axis` (all axes by default), accumulating in a wide enough dtype."""
+        """Sum over `axis` (all axes by default), accumulating in a wide enough dtype: as tinygrad, bool and integers
+        narrower than 32 bits in (u)int32, except where the count summed could pass its range (over 2**31 bools, over
+        16.9M uint8 values, ...): then in (u)int64, as numpy, never a wrapped total."""
         acc = acc_dtype or sum_acc_dtype(self.dtype)
+        if acc_dtype is None and self.dtype.itemsize < 4 and not dtypes.is_float(self.dtype):
+            count = prod(self.shape[a] for a in self._reduce_axes(axis))
+            most = count if isinstance(count, int) else count.max  # (a symbolic count: its largest value)
+            largest = max(abs(int(dtypes.min(self.dtype))), int(dtypes.max(self.dtype)))
+            if not isinstance(most, int) or most * largest > int(dtypes.max(acc)):
+                acc = dtypes.uint64 if dtypes.is_unsigned(acc) else dtypes.int64
         ret = self.cast(acc)._reduce(F.Sum, axis, keepdim)
         return ret.cast(self.dtype) if acc_dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
 

@@ -15,6 +15,7 @@ import platform
 import pstats
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -769,6 +770,25 @@ def test_fetch_file_url(tmp_path: pathlib.Path) -> None:
     assert fetch(src.as_uri(), name=dest) == dest
     assert dest.read_bytes() == payload
     assert _files_in(dest.parent) == ["dl.bin"]
+
+
+def test_fetch_removes_what_a_killed_download_left_and_nothing_of_a_live_one(tmp_path: pathlib.Path) -> None:
+    from tgcore.helpers import machine_tag
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"weights")
+    dest = tmp_path / "out" / "dl.bin"
+    dest.parent.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no process has now: its temporary file is a leftover
+    stale = dest.parent / f".dl.bin.{machine_tag()}-{dead.pid}.0a1b2c3d.tmp"
+    live = dest.parent / f".dl.bin.{machine_tag()}-{os.getpid()}.0a1b2c3d.tmp"  # a writer still running
+    other = dest.parent / ".other.bin.0a1b2c3d.tmp"  # not this target's
+    for leftover in (stale, live, other):
+        leftover.write_bytes(b"half a download")
+    assert fetch(src.as_uri(), name=dest) == dest
+    assert dest.read_bytes() == b"weights"
+    assert _files_in(dest.parent) == sorted([live.name, other.name, "dl.bin"])
 
 
 def test_fetch_default_cache_location_and_caching(tmp_path: pathlib.Path, isolated_cache: pathlib.Path) -> None:

@@ -15,10 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tgcore"
 THIRD_PARTY = {"numpy", "pluggy", "tqdm"}  # the core's dependencies
 # what the contract may import of tgcore: leaf modules that import only the standard library, the core's dependencies
 # and each other (test_contract_floor_is_closed checks it)
-CONTRACT_MAY_IMPORT = {"tgcore.dtype", "tgcore.helpers", "tgcore.renderer.errors", "tgcore.renderer.scratch"}
-# the one deferred import left that closes a cycle: the DISK device's tensor-level operations (tgcore/runtime/disk.py
-# builds LazyBuffers and Tensors) are called by lazy.py and tensor.py from inside functions, for a tensor on DISK
-KNOWN_DEFERRED = {("tgcore.lazy", "tgcore.runtime.disk"), ("tgcore.tensor", "tgcore.runtime.disk")}
+CONTRACT_MAY_IMPORT = {"tgcore.dtype", "tgcore.helpers", "tgcore.renderer.errors", "tgcore.scratch"}
 
 
 def module_name(path: Path) -> str:
@@ -104,8 +101,9 @@ def test_graph_is_read_from_the_source():
     assert "tgcore.plugin" in graph["tgcore.registry"]
     assert {"tgcore.engine.runner", "tgcore.engine.search"} <= graph["tgcore.engine.realize"]
     assert "tgcore.codegen.linearizer" in graph["tgcore.codegen.program"]
-    assert "tgcore.runtime.disk" in graph["tgcore.lazy"]  # (a function-level import)
-    assert "tgcore.runtime.disk" not in import_graph(functions=False)["tgcore.lazy"]
+    assert "tgcore.storage" in graph["tgcore.lazy"] and "tgcore.storage" in graph["tgcore.tensor"]
+    assert not {"tgcore.lazy", "tgcore.tensor"} & graph["tgcore.storage"]  # (it makes their objects by type())
+    assert not {"tgcore.lazy", "tgcore.multi", "tgcore.tensor"} & graph["tgcore.runtime.disk"]  # the device only
 
 
 def test_find_cycle_finds_one():
@@ -134,11 +132,7 @@ def test_the_named_circles_are_gone(a, b):
 
 
 def test_no_import_cycle_with_function_level_imports():
-    graph = import_graph()
-    assert all(target in graph[source] for source, target in KNOWN_DEFERRED), "a known deferral is gone: drop it"
-    for source, target in KNOWN_DEFERRED:
-        graph[source].discard(target)
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 

@@ -242,3 +242,25 @@ def test_a_split_sum_of_a_cast_reads_its_input_in_place(free_python_cache: None)
     sizes = [b.nbytes for si in total.schedule() for b in si.bufs if b is not x.lazydata.base.buffer]
     assert max(sizes) < 4096, sizes  # only the stages' small outputs are made
     assert total.dtype == dtypes.uint32 and total.item() == n
+
+
+@pytest.mark.parametrize(
+    "dtype, fits, passes, wide",
+    [
+        (dtypes.bool, 2**31 - 1, 2**31, dtypes.int64),
+        (dtypes.uint8, (2**32 - 1) // 255, (2**32 - 1) // 255 + 1, dtypes.uint64),
+        (dtypes.int8, (2**31 - 1) // 128, (2**31 - 1) // 128 + 1, dtypes.int64),
+        (dtypes.uint16, (2**32 - 1) // 65535, (2**32 - 1) // 65535 + 1, dtypes.uint64),
+        (dtypes.int16, (2**31 - 1) // 32768, (2**31 - 1) // 32768 + 1, dtypes.int64),
+    ],
+)
+def test_a_sum_that_could_pass_int32_accumulates_in_64_bits(dtype: DType, fits: int, passes: int, wide: DType) -> None:
+    """tinygrad sums narrow integers in (u)int32; where the count summed could pass that range the total is made in
+    (u)int64, as numpy's, never wrapped (nothing is allocated here: only the dtypes are asked)."""
+    narrow = dtypes.uint32 if dtypes.is_unsigned(wide) else dtypes.int32
+    assert Tensor.empty(fits, dtype=dtype, device="PYTHON").sum().dtype == narrow
+    assert Tensor.empty(passes, dtype=dtype, device="PYTHON").sum().dtype == wide
+    assert Tensor.empty(2, passes, dtype=dtype, device="PYTHON").sum(axis=0).dtype == narrow  # (2 summed: fits)
+    assert Tensor.empty(passes, dtype=dtype, device="PYTHON").sum(acc_dtype=dtypes.int32).dtype == dtypes.int32
+    n = Variable("n", 1, passes).bind(3)
+    assert Tensor.empty(n, dtype=dtype, device="PYTHON").sum().dtype == wide  # (n could be that many)

@@ -659,11 +659,11 @@ def test_writers_killed_at_any_moment_leave_nothing_after_the_next_save(tmp_path
 def test_temporary_files_of_others_are_left_alone(tmp_path: Path) -> None:
     import fcntl
 
-    from tgcore.nn.state import _machine_tag
+    from tgcore.helpers import machine_tag
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(gone.stdout)  # a process that has exited and been reaped
-    tag = _machine_tag()
+    tag = machine_tag()
     other_tag = "0" * 8 if tag != "0" * 8 else "1" * 8
     keep = [
         f".m.safetensors.{tag}-{os.getpid()}.abc.tmp",  # a live writer (this process)

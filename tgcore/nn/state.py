@@ -23,11 +23,7 @@ import json
 import mmap
 import os
 import pickle
-import re
 import reprlib
-import secrets
-import socket
-import stat
 import struct
 import tarfile
 import types
@@ -41,7 +37,7 @@ from tqdm import tqdm
 
 from tgcore.device import Device
 from tgcore.dtype import DType, dtypes
-from tgcore.helpers import CI, DEBUG, GlobalCounters, Timing, all_int, prod
+from tgcore.helpers import CI, DEBUG, GlobalCounters, Timing, all_int, lock_temp, prod, remove_stale_temps, temp_beside
 from tgcore.multi import MultiLazyBuffer
 from tgcore.tensor import Tensor
 
@@ -327,7 +323,7 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
     build more than the file's budget (TGCORE_LOAD_LIMIT) is refused; see the module's docstring.
     """
     if not isinstance(fn, Tensor):
-        _remove_stale_temps(os.fspath(fn))
+        remove_stale_temps(os.fspath(fn))
     data, what = _file_tensor(fn)
     json_len, header = _safetensors_header(data, what, "safe_load")
     start = 8 + json_len
@@ -340,102 +336,6 @@ def safe_load(fn: Union[Tensor, PathLike]) -> dict[str, Tensor]:
         raw = np.frombuffer(raw_bytes[start + begin : start + end], dtype=_file_np_dtype(dt)).reshape(shape)
         ret[name] = _tensor_from_file_array(raw, dt)
     return ret
-
-
-# ***** temporary files of safe_save, and the ones killed writers leave *****
-
-# after the prefix ".<target's name>.": <machine tag>-<pid>.<random part>.tmp
-_TEMP_NAME = re.compile(r"([0-9a-f]{8})-([0-9]{1,10})\.[A-Za-z0-9_]+\.tmp")
-
-
-def _machine_tag() -> str:
-    """A short tag of this machine: a writer's process id is only looked up on the machine that wrote it."""
-    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
-
-
-def _create_temp(path: str) -> tuple[int, str]:
-    """(an open descriptor, the path) of a new, empty temporary file beside `path`, named for this writer.
-
-    Created with mode 0o666 so that the umask gives it the permissions open() would give the file (mkstemp makes it
-    private, and reading the umask means setting it, which races with other threads)."""
-    folder = os.path.dirname(path) or "."
-    prefix = f".{os.path.basename(path)}.{_machine_tag()}-{os.getpid()}."
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"safe_save: no free temporary file name beside {path!r} after 100 tries")
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (in this process's view of it); True when unsure."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists (POSIX; never called without fcntl)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True  # someone else's process, or no pid this system can have: left alone
-    return True
-
-
-def _remove_stale_temps(path: str) -> None:
-    """Remove the temporary files of safe_save to `path` that writers on this machine left when they were killed:
-    those of a process that no longer exists and whose lock no process holds. Never one of a live writer."""
-    if fcntl is None:
-        return
-    folder, lead, tag = os.path.dirname(path) or ".", f".{os.path.basename(path)}.", _machine_tag()
-    try:
-        entries = os.scandir(folder)
-    except OSError:
-        return  # (no folder, or one we cannot list: nothing of ours to clean)
-    with entries:
-        for entry in entries:
-            if not entry.name.startswith(lead):
-                continue
-            m = _TEMP_NAME.fullmatch(entry.name[len(lead) :])
-            if m is None or m[1] != tag or _process_alive(int(m[2])):
-                continue
-            try:
-                if entry.is_file(follow_symlinks=False):
-                    _remove_if_unlocked(entry.path)
-            except OSError:
-                continue  # (removed by another cleaner meanwhile, or a read-only folder: left as it is)
-
-
-def _remove_if_unlocked(path: str) -> None:
-    """Remove a temporary file unless a writer holds its lock (a writer in another pid namespace of this machine)."""
-    assert fcntl is not None
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # a live writer holds it
-        except OSError:
-            pass  # a file system without locks: the writer could not lock it either, and its pid is gone
-        now = os.stat(path, follow_symlinks=False)
-        if (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):  # still the file that was locked
-            os.unlink(path)
-    finally:
-        os.close(fd)
-
-
-def _lock(fd: int) -> None:
-    """Lock a temporary file while it is written, so that a cleaner in another pid namespace sees a live writer."""
-    if fcntl is None:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place (the descriptor is closed after the rename)
-    except OSError:
-        pass  # a file system without locks (some network ones): the pid in the name still tells live writers
 
 
 def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[str, Any]] = None) -> None:
@@ -467,10 +367,10 @@ def safe_save(tensors: dict[str, Tensor], fn: PathLike, metadata: Optional[dict[
     text += " " * ((8 - len(text.encode("utf-8")) % 8) % 8)  # the data section starts 8-byte aligned
     encoded = text.encode("utf-8")
     path = os.fspath(fn)
-    _remove_stale_temps(path)
-    fd, tmp = _create_temp(path)
+    remove_stale_temps(path)
+    fd, tmp = temp_beside(path)
     try:
-        _lock(fd)
+        lock_temp(fd)
         with os.fdopen(fd, "wb") as f:
             f.write(len(encoded).to_bytes(8, "little"))
             f.write(encoded)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from tgcore.renderer.scratch import write_report
+from tgcore.scratch import write_report
 
 LOG_LINES = 20  # of the compiler's log, in the text
 CONTEXT = 2  # source lines on each side of one the log points at

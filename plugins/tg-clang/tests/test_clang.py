@@ -20,11 +20,10 @@ from tg_conformance import reference as ref
 from tg_conformance import uop_cases
 from tg_conformance.target import Target
 
-from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes
+from tgcore import Device, GlobalCounters, Tensor, Variable, dtypes, scratch
 from tgcore.codegen.program import to_program
 from tgcore.ops import BinaryOps
 from tgcore.plugin import CompileError
-from tgcore.renderer import scratch
 
 
 def test_clang_is_available_and_default():

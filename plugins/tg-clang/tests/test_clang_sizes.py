@@ -42,14 +42,22 @@ def big_buffers() -> Iterator[None]:
 def test_past_int32_elements(big_buffers: None) -> None:
     n = PAST_INT32
     x = Tensor.ones(n, dtype=dtypes.uint8, device=DEVICE).contiguous().realize()
-    total = x.sum()  # in two stages over a padded count, the cast to uint32 computed inline (no 8 GiB buffer)
-    assert total.dtype == dtypes.uint32 and total.item() == n  # every one counted: the result dtype holds it
+    total = x.sum()  # in two stages over a padded count, the cast to uint64 computed inline (no 16 GiB buffer)
+    assert total.dtype == dtypes.uint64 and total.item() == n  # every one counted: 2**31 uint8 could pass uint32
     np.testing.assert_array_equal(x[n - 7 :].numpy(), np.ones(7, np.uint8))
     x.assign(x * 3 - 1).realize()  # elementwise over the whole buffer, in place (no second 2 GiB)
     assert (x - 1).sum().item() == n
     np.testing.assert_array_equal(x[n - 4 :].numpy(), np.full(4, 2, np.uint8))
     np.testing.assert_array_equal((x[n - 9 :: 4] + 5).numpy(), np.full(3, 7, np.uint8))
     assert x.max().item() == 2
+    del x, total
+
+
+def test_a_sum_of_more_than_int32_bools_is_exact(big_buffers: None) -> None:
+    n = PAST_INT32
+    x = Tensor.ones(n, dtype=dtypes.bool, device=DEVICE).contiguous().realize()
+    total = x.sum()  # in int64 (int32 would wrap): numpy's dtype and value
+    assert total.dtype == dtypes.int64 and total.item() == n == np.ones(7, bool).sum() * (n // 7)
     del x, total
 
 

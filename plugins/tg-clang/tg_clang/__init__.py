@@ -12,8 +12,7 @@ from tg_clang.compiler import ClangCompiler
 from tg_clang.renderer import ClangRenderer, probe_kernel
 from tg_clang.runtime import ClangProgram
 from tg_clang.toolchain import MARCH_ENV, Toolchain, find_compiler
-from tgcore.plugin import ALL_DTYPES, CompileError, DeviceSpec, MallocAllocator, hookimpl, part_for
-from tgcore.renderer.scratch import process_folder
+from tgcore.plugin import ALL_DTYPES, CompileError, DeviceSpec, MallocAllocator, hookimpl, part_for, process_folder
 
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
 __version__ = "0.2.0"

@@ -7,8 +7,7 @@ import subprocess
 from typing import Optional
 
 from tg_clang.toolchain import Toolchain, find_compiler
-from tgcore.plugin import CompileError, Compiler
-from tgcore.renderer.scratch import compile_folder
+from tgcore.plugin import CompileError, Compiler, compile_folder
 
 __all__ = ["CFLAGS", "ClangCompiler", "find_compiler"]
 

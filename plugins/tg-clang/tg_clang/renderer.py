@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Optional
 
 from tg_clang.toolchain import Toolchain
-from tgcore.device import CompileError
 from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
+from tgcore.plugin import CompileError
 from tgcore.renderer.cstyle import CStyleLanguage, KernelLaunch
 
 # float32 exp2 in plain C arithmetic (scalar and GCC/clang vector versions, the same operations so that both give

@@ -10,8 +10,7 @@ from typing import Any, Optional
 
 from cffi import FFI
 
-from tgcore.plugin import Program
-from tgcore.renderer.scratch import process_folder
+from tgcore.plugin import Program, process_folder
 
 
 class ClangProgram(Program):

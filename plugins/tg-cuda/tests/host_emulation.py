@@ -37,7 +37,7 @@ from tgcore.plugin import (
     plugin_module,
     plugins,
 )
-from tgcore.renderer.scratch import compile_folder, process_folder
+from tgcore.scratch import compile_folder, process_folder
 
 DEVICE = "CUDAEMU"
 _SHIM = r"""#include <math.h>

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tg_cuda.nvrtc import NVRTC, load_nvrtc, nvidia_dirs
-from tgcore.plugin import CompileError, Compiler
-from tgcore.renderer.scratch import compile_folder
+from tgcore.plugin import CompileError, Compiler, compile_folder
 
 ARCH_ENV = "TG_CUDA_ARCH"
 PTXAS_ENV = "TG_CUDA_PTXAS"

@@ -24,7 +24,7 @@ from tg_llvm.compiler import host_vector_bytes, host_vector_registers
 from tgcore.codegen.uops import VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, bf16_round, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
-from tgcore.renderer import Renderer
+from tgcore.plugin import Renderer
 
 # the register type of each dtype (bfloat16 is carried as a float rounded to bfloat16)
 _REG: dict[DType, str] = {

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from tg_metal.syntax import CXX_FLAGS
 
-from tgcore.renderer.scratch import compile_folder
+from tgcore.scratch import compile_folder
 
 # the syntax check's flags, plus code generation with UBSan (whose default checks leave IEEE float division by zero
 # alone) and no fused multiply-add
