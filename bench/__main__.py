@@ -1,7 +1,8 @@
 """python -m bench: tgcore's devices against numpy, torch and tinygrad, one workload after another, in one process.
 
     python -m bench                        # every workload, every available device (PYTHON on the tiny ones only)
-    python -m bench --quick                # smaller sizes and fewer runs: a smoke run of about a minute
+    python -m bench --quick                # smaller sizes and fewer runs: a smoke run of a few minutes (most of it
+                                           # compiling workload h's models: --only a,b,... leaves them out)
     python -m bench --only a,e --devices CLANG,LLVM --json bench.json
 
 To measure numpy with the BLAS kernel for this processor, run it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset:
