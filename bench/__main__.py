@@ -1,15 +1,17 @@
 """python -m bench: tgcore's devices against numpy, torch and tinygrad, one workload after another, in one process.
 
     python -m bench                        # every workload, every available device (PYTHON on the tiny ones only)
-    python -m bench --quick                # smaller sizes and fewer runs: a smoke run of about a minute
+    python -m bench --quick                # smaller sizes and fewer runs: a smoke run of a few minutes (most of it
+                                           # compiling workload h's models: --only a,b,... leaves them out)
     python -m bench --only a,e --devices CLANG,LLVM --json bench.json
 
 To measure numpy with the BLAS kernel for this processor, run it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench
 
-Each figure is the median of several timed runs after a warm-up. Every result is checked against numpy; a
-mismatch or an error is printed where it happens and again at the end, and makes the exit status 1. Speed is
-never a failure: the figures and their ratios are for people to read.
+Each figure is the median of several timed runs after a warm-up. Every result is checked against numpy (the whole
+models of workload h against torch); a mismatch or an error is printed where it happens and again at the end, and
+one of tgcore's makes the exit status 1 (a peer's is reported, not a failure of tgcore). Speed is never a failure:
+the figures and their ratios are for people to read.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         report.to_json(args.json, meta, results)
         print(f"\nwrote {args.json}")
-    failed = [r for r in results if r.status in ("mismatch", "error")]
+    failed = [r for r in results if r.status in ("mismatch", "error") and r.framework == "tgcore"]
     if failed:
         print(f"\n!!! {len(failed)} result(s) disagree with numpy or raised an error:", file=sys.stderr)
         for r in failed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from bench.workloads import checks, conv, dispatch, elementwise, embedding, first_call, matmul, reduce, train
+from bench.workloads import checks, conv, dispatch, elementwise, embedding, first_call, matmul, models, reduce, train
 
 WORKLOADS: dict[str, ModuleType] = {
     "a": matmul,
@@ -14,6 +14,7 @@ WORKLOADS: dict[str, ModuleType] = {
     "e": dispatch,
     "f": train,
     "g": first_call,
+    "h": models,
     "i": checks,
     "l": embedding,
 }
