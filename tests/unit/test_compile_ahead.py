@@ -177,3 +177,22 @@ def test_a_fused_random_kernel_gets_few_lanes_and_the_same_numbers(device: str) 
     assert prod(first.upcast_sizes) <= kernel_module.LONG_KERNEL_LANES, first.applied_opts
     realize.run_schedule(schedule)
     assert fused.item() == alone.max()
+
+
+def test_a_compiler_that_is_not_concurrent_compiles_on_the_calling_thread(
+    cold: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = Device["PYTHON"].compiler
+    compile_cached = compiler.compile_cached
+    compiled_on: list[str] = []
+
+    def recording(src: str) -> bytes:
+        compiled_on.append(threading.current_thread().name)
+        return compile_cached(src)
+
+    monkeypatch.setattr(compiler, "compile_cached", recording)
+    monkeypatch.setattr(compiler, "concurrent", False)
+    xn = np.linspace(0, 1, 10, dtype=np.float32).reshape(2, 5)
+    got, sources = _run("PYTHON", xn)
+    assert compiled_on == [threading.current_thread().name] * len(sources)
+    np.testing.assert_allclose(got, _expected(xn), rtol=1e-5)

@@ -109,10 +109,11 @@ def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
 def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
     """Lower the schedule's kernels that have no runner yet, in order on this thread (Python: it holds the GIL), and
     compile each on compile_pool's threads as soon as it is lowered, so that the C compiler of one (a process of its
-    own) runs while the next is lowered and several compile at once on several cores. The runners go into the cache
-    that get_runner reads, in schedule order. A kernel that fails to lower or compile stops it: returned as (its
-    index in the schedule, the error), which run_schedule raises when it comes to that kernel, after the kernels
-    before it have run, as they would have one by one; the kernels after it are not loaded."""
+    own) runs while the next is lowered and several compile at once on several cores: on devices whose Compiler is
+    `concurrent` (the others' kernels compile in get_runner, one at a time). The runners go into the cache that
+    get_runner reads, in schedule order. A kernel that fails to lower or compile stops it: returned as (its index in
+    the schedule, the error), which run_schedule raises when it comes to that kernel, after the kernels before it
+    have run, as they would have one by one; the kernels after it are not loaded."""
     if BEAM >= 1:  # the search times every candidate on the device: one kernel at a time
         return None
     pending: list[tuple[int, str, LazyOp, tuple[Any, ...]]] = []
@@ -121,6 +122,8 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
         if si.ast.op is not BufferOps.STORE:
             continue
         device = si.outputs[0].device
+        if not Device[device].compiler.concurrent:  # (its kernels compile one at a time in get_runner)
+            continue
         key = _runner_key(device, si.ast)
         if key not in keys and _known_runner(device, si.ast, key) is None:
             keys.add(key)
