@@ -116,13 +116,17 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
     have run, as they would have one by one; the kernels after it are not loaded."""
     if BEAM >= 1:  # the search times every candidate on the device: one kernel at a time
         return None
+    kernels = [(i, si) for i, si in enumerate(schedule) if si.ast.op is BufferOps.STORE]
+    if len(kernels) < 2:  # (the common case of a realize in a loop: nothing to look up here)
+        return None
     pending: list[tuple[int, str, LazyOp, tuple[Any, ...]]] = []
     keys: set[tuple[Any, ...]] = set()
-    for i, si in enumerate(schedule):
-        if si.ast.op is not BufferOps.STORE:
-            continue
+    for i, si in kernels:
         device = si.outputs[0].device
         if not Device[device].compiler.concurrent:  # (its kernels compile one at a time in get_runner)
+            continue
+        hit = _runner_by_id.get((id(si.ast), device, NOOPT.value, BEAM.value))
+        if hit is not None and hit[0] is si.ast:  # compiled before: no walk of the AST
             continue
         key = _runner_key(device, si.ast)
         if key not in keys and _known_runner(device, si.ast, key) is None:
