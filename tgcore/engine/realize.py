@@ -98,11 +98,15 @@ def _remember_by_id(by_id: tuple[int, str, int, int], ast: LazyOp, runner: Compi
 
 def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device` (lowered and compiled once per process and optimization setting)."""
-    if (runner := _known_runner(device, ast)) is None:
-        runner = _runner_cache[_runner_key(device, ast)] = CompiledRunner(
+    by_id = (id(ast), device, NOOPT.value, BEAM.value)
+    if (hit := _runner_by_id.get(by_id)) is not None and hit[0] is ast:
+        return hit[1]
+    key = _runner_key(device, ast)
+    if (runner := _runner_cache.get(key)) is None:
+        runner = _runner_cache[key] = CompiledRunner(
             device, to_program(get_kernel(Device[device].renderer, ast, device))
         )
-        _remember_by_id((id(ast), device, NOOPT.value, BEAM.value), ast, runner)
+    _remember_by_id(by_id, ast, runner)
     return runner
 
 
@@ -217,7 +221,7 @@ def lower_schedule_item(si: Any) -> ExecItem:
 def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = None) -> None:
     """Run every item in order, then mark its outputs realized."""
     vals = var_vals or {}
-    failed = compile_ahead(schedule)
+    failed = compile_ahead(schedule) if len(schedule) > 1 else None
     for i, si in enumerate(schedule):
         if failed is not None and i == failed[0]:
             raise failed[1]
