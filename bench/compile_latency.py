@@ -5,8 +5,13 @@ disk cache off, so the first call pays for everything: schedule, render, compile
 the same stages on another fresh kernel, and the warm call (the same kernel again), follow in the table.
 `python -m bench --only g` runs the same measurement inside the benchmark harness, with tinygrad as the peer.
 
+It also times `Tensor.randn(1024, 1024, dtype=...).max().item()` in a new Python process, import included, once
+with an empty disk cache (every kernel compiled) and once more with the cache that run left (nothing compiled), in
+each float dtype: the first result a script that draws random tensors waits for.
+
     python bench/compile_latency.py                      # every available device
     python bench/compile_latency.py --devices LLVM CLANG --repeats 20
+    python bench/compile_latency.py --devices CLANG --randn-only
 """
 
 from __future__ import annotations
@@ -16,14 +21,28 @@ import os
 os.environ["DISABLE_COMPILER_CACHE"] = "1"  # before tgcore looks: every compile below must really compile
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 SIZE = 4096
+RANDN_DTYPES = ("float32", "float16", "bfloat16", "float64")
+# the new process's script: seconds to import tgcore, seconds from there to the first result, and the result
+_RANDN_SCRIPT = """
+import json, sys, time
+t0 = time.perf_counter()
+from tgcore import Tensor
+t1 = time.perf_counter()
+value = Tensor.randn(1024, 1024, device=sys.argv[1], dtype=sys.argv[2]).max().item()
+print(json.dumps([t1 - t0, time.perf_counter() - t1, value]))
+"""
 
 
 def expression(x: Any, c: float) -> Any:
@@ -74,6 +93,37 @@ def stages(device: str, rng: random.Random) -> tuple[float, float, float]:
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
+def randn_in_new_process(device: str, dtype: str, cache_db: str) -> tuple[float, float, float]:
+    """(seconds to import tgcore, seconds from there to the first result, the result) of randn(1024, 1024).max() in
+    a new Python process whose disk cache is `cache_db` (a new file: an empty cache)."""
+    env = {k: v for k, v in os.environ.items() if k != "DISABLE_COMPILER_CACHE"}
+    env["CACHEDB"] = cache_db
+    proc = subprocess.run(
+        [sys.executable, "-c", _RANDN_SCRIPT, device, dtype], env=env, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"randn on {device} in {dtype} failed in its process:\n{proc.stderr[-2000:]}")
+    import_s, first_s, value = json.loads(proc.stdout.strip().splitlines()[-1])
+    return import_s, first_s, value
+
+
+def randn_cold_and_warm(device: str, dtype: str) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """randn_in_new_process with an empty cache, then again in another process with the cache the first left."""
+    with tempfile.TemporaryDirectory() as folder:
+        cache_db = os.path.join(folder, "cache.db")
+        return randn_in_new_process(device, dtype, cache_db), randn_in_new_process(device, dtype, cache_db)
+
+
+def print_randn(devices: list[str]) -> None:
+    print("randn(1024, 1024).max().item() in a new process: import, then to the first result (s)")
+    print(f"{'device':8s} {'dtype':9s} {'import':>7s} {'empty cache':>12s} {'warm cache':>11s}")
+    for device in devices:
+        for dtype in RANDN_DTYPES:
+            cold, warm = randn_cold_and_warm(device, dtype)
+            same = "" if cold[2] == warm[2] else f"  MISMATCH: {cold[2]} then {warm[2]}"
+            print(f"{device:8s} {dtype:9s} {warm[0]:7.2f} {cold[1]:12.2f} {warm[1]:11.2f}{same}")
+
+
 def main() -> None:
     from tgcore import Device, Tensor
 
@@ -81,9 +131,13 @@ def main() -> None:
     parser.add_argument("--devices", nargs="*", help="devices to measure (default: every available one)")
     parser.add_argument("--repeats", type=int, default=10, help="new kernels per device (the median is shown)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the kernels' constants (default: random)")
+    parser.add_argument("--randn-only", action="store_true", help="only the randn figures in new processes")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     devices = args.devices or Device.available()
+    if args.randn_only:
+        print_randn(devices)
+        return
     print(f"first call of a never-seen elementwise kernel ({SIZE} float32, 5 ops), median of {args.repeats} kernels")
     print(f"{'device':8s} {'first call':>11s} {'render':>9s} {'compile':>9s} {'load':>9s} {'warm call':>10s}")
     for device in devices:
@@ -95,6 +149,8 @@ def main() -> None:
         warm = statistics.median([c[1] for c in calls]) * 1e3
         render, compile_, load = (statistics.median([p[i] for p in parts]) * 1e3 for i in range(3))
         print(f"{device:8s} {first:8.2f} ms {render:6.2f} ms {compile_:6.2f} ms {load:6.2f} ms {warm:7.3f} ms")
+    print()
+    print_randn(devices)
 
 
 if __name__ == "__main__":

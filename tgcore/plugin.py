@@ -259,6 +259,10 @@ class Compiler:
     # what this compiler is, for people: tool, version and the options that matter (e.g. "gcc 12.2.0 -O2
     # -march=native"); shown by `python -m tgcore devices`. "": not told (the class name is shown)
     identity: str = ""
+    # True: compile() may run on several threads at once (the core then compiles a schedule's new kernels on worker
+    # threads while it lowers the next, engine/realize.py); False: only ever one compile at a time, on the caller's
+    # thread (a library that is not thread-safe)
+    concurrent: bool = False
 
     def compile(self, src: str) -> bytes:
         """The loadable bytes of `src`; a failed compile raises CompileError(message, log, src)."""

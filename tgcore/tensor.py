@@ -427,8 +427,9 @@ class Tensor:
             counter = Tensor._rng_counters.get(device)
             if counter is None:
                 counter = Tensor._rng_counters[device] = Tensor(np.zeros(1, np.uint32), device=device)
-            counter.assign(counter + 1).realize()
-            call = (counter - 1).realize()  # this draw's number, in a buffer the next draw does not touch
+            counter.assign(counter + 1)
+            call = counter - 1  # this draw's number, in a buffer the next draw does not touch
+            call.realize(counter)  # one schedule: its two kernels compile at once (engine/realize.py)
         pairs = (n + 1) // 2
         x0, x1 = _threefry2x32(_uint32_range(pairs, device), call.expand(pairs), Tensor._seed)
         return x0.cat(x1).shrink(((0, n),))

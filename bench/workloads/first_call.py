@@ -1,12 +1,14 @@
 """g. First-call latency of a never-seen elementwise kernel (4096 float32, 5 ops), compile included, in ms, per
 device (bench/compile_latency.py; the harness runs with DISABLE_COMPILER_CACHE=1, so every compile is real), with
 the warm call of the same kernel and, for tgcore, the first call's stages: render, compile, load. The peer is
-tinygrad on CLANG (numpy and torch compile nothing)."""
+tinygrad on CLANG (numpy and torch compile nothing). Then, for tgcore, `Tensor.randn(1024, 1024, dtype).max().item()`
+in a new process, import included, in s: with an empty disk cache, and again with the cache that run left."""
 
 from __future__ import annotations
 
+import math
 import random
-from typing import Callable
+from typing import Callable, Optional
 
 from bench import compile_latency
 from bench.harness import Case, Context, Measured, check, median
@@ -54,3 +56,28 @@ def run(ctx: Context) -> None:
         if ctx.attempt(stages[0], runner, breakdown).status == "ok":
             for i in (1, 2):
                 ctx.figure(stages[i], runner, median([p[i] for p in parts]) * 1e3, [p[i] for p in parts])
+    _randn_cases(ctx)
+
+
+def _randn_cases(ctx: Context) -> None:
+    """randn in each float dtype (float32 alone in a quick run), each cold and warm in new processes."""
+    for dtype in compile_latency.RANDN_DTYPES[:1] if ctx.quick else compile_latency.RANDN_DTYPES:
+        cold = Case("g", TITLE, f"randn 1024^2 {dtype}: empty cache", "s", higher_is_better=False, compare=False)
+        warm = Case("g", TITLE, f"randn 1024^2 {dtype}: new process", "s", higher_is_better=False, compare=False)
+        for runner in ctx.tgcore:
+            if runner.device == "PYTHON":  # 2**20 Threefry draws in the interpreter: minutes, a figure of nothing
+                ctx.skip(cold, runner, "interprets its kernels: 2**20 draws take minutes")
+                continue
+            runs: list[tuple[tuple[float, float, float], tuple[float, float, float]]] = []
+
+            def measured(runner: Runner = runner, dtype: str = dtype, runs: list = runs) -> Measured:
+                runs.append(compile_latency.randn_cold_and_warm(runner.device, dtype))
+                (imp, first, value), (_, _, again) = runs[-1]
+                bad: Optional[str] = None
+                if value != again or not (math.isfinite(value) and 3 < value < 7):
+                    bad = f"the max of 2**20 normals was {value}, then {again} from the same seed"
+                return Measured(imp + first, [imp + first], bad)
+
+            if ctx.attempt(cold, runner, measured).status == "ok":
+                (imp, first, _) = runs[-1][1]
+                ctx.figure(warm, runner, imp + first, [imp + first])

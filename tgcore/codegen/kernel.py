@@ -47,6 +47,12 @@ _ELEMENTWISE_LANES_OK = (*VECTOR_ALU, UnaryOps.SQRT)
 MAX_LANES = 1024
 # ALU ops a kernel's lanes may carry between them (Kernel._lane_budget): a matmul's 1-2 per lane allow every tile
 LANE_OPS = 8192
+# a kernel of more ALU ops than this (a fused random-number kernel: Threefry's 20 rounds and Box-Muller, ~520 ops)
+# gets at most LONG_KERNEL_LANES lanes, fewer than one vector: its ops, not its loads, are the work, so a tile
+# saves nothing, and each lane is another copy of the whole expression for the C compiler (randn(1024, 1024).max()
+# on CLANG: 16 lanes 198k characters of C, 1.2 s of gcc; 4 lanes 70k, 0.36 s; the kernel ran no faster in 16)
+LONG_KERNEL_OPS = 256
+LONG_KERNEL_LANES = 4
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
 MAX_GROUP = 128  # work items in a workgroup the heuristics make
@@ -517,7 +523,8 @@ class Kernel:
         with a long fused expression (a matmul reading a GELU's gradient: ~80 ops a lane) is not unrolled into tens
         of thousands of uops (87k, 38 s of a C compiler's time, for no speed: it spills the registers anyway)."""
         ops = sum(1 for x in self.ast.lazyops() if not isinstance(x.op, (BufferOps, ReduceOps)))
-        return max(1, LANE_OPS // max(ops, 1))
+        budget = max(1, LANE_OPS // max(ops, 1))
+        return min(budget, LONG_KERNEL_LANES) if ops > LONG_KERNEL_OPS else budget
 
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
         loads = self.loads()
@@ -529,7 +536,9 @@ class Kernel:
         tile: Optional[tuple[int, int]] = None
         if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
             col, col_amount = self._tile_column(broadcast, contiguous, vw)
-            while col_amount > max(budget, 1) and col_amount % 2 == 0 and col_amount > (vw if vw > 1 else 1):
+            # down to one vector, or below it for a long kernel (whose budget is under one vector)
+            floor = vw if vw > 1 and budget >= vw else 1
+            while col_amount > max(budget, 1) and col_amount % 2 == 0 and col_amount > floor:
                 col_amount //= 2
 
             def broadcast_in(axis: int) -> set[int]:
@@ -564,7 +573,8 @@ class Kernel:
         ):
             # the reduce walks across rows: take a whole vector of neighbouring outputs at once
             col = contiguous[-1]
-            amount = self._divisor(_int(self.full_shape[col]), (4 * vw, 2 * vw, vw, 4, 2) if vw > 1 else (4, 2))
+            choices = (4 * vw, 2 * vw, vw, 4, 2) if vw > 1 else (4, 2)
+            amount = self._divisor(_int(self.full_shape[col]), tuple(c for c in choices if c <= max(budget, 2)))
             if amount:
                 self._try(Opt(OptOps.UPCAST, col, amount))
         elif globals_:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -16,13 +17,14 @@ from tgcore.engine.runner import (  # (the runners and the thread pool lived her
     EmptyRunner,
     Runner,
     _run_threaded,
+    compile_pool,
     parts_per_thread,
     thread_count,
 )
 from tgcore.engine.search import beam_search
 from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored
 from tgcore.ops import BufferOps, LazyOp, LoadOps
-from tgcore.plugin import Renderer
+from tgcore.plugin import ProgramSpec, Renderer
 from tgcore.shape.symbolic import Variable
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "ExecItem",
     "Runner",
     "_run_threaded",
+    "compile_ahead",
     "get_kernel",
     "get_runner",
     "lower_schedule_item",
@@ -73,20 +76,85 @@ def get_kernel(renderer: Renderer, ast: LazyOp, device: Optional[str] = None) ->
     return k
 
 
+def _runner_key(device: str, ast: LazyOp) -> tuple[Any, ...]:
+    return (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
+
+
+def _known_runner(device: str, ast: LazyOp, key: Optional[tuple[Any, ...]] = None) -> Optional[CompiledRunner]:
+    """The runner already compiled for `ast` on `device` (under this optimization setting), or None."""
+    by_id = (id(ast), device, NOOPT.value, BEAM.value)
+    if (hit := _runner_by_id.get(by_id)) is not None and hit[0] is ast:
+        return hit[1]
+    if (runner := _runner_cache.get(key or _runner_key(device, ast))) is not None:
+        _remember_by_id(by_id, ast, runner)
+    return runner
+
+
+def _remember_by_id(by_id: tuple[int, str, int, int], ast: LazyOp, runner: CompiledRunner) -> None:
+    if len(_runner_by_id) >= 8192:
+        _runner_by_id.clear()
+    _runner_by_id[by_id] = (ast, runner)
+
+
 def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device` (lowered and compiled once per process and optimization setting)."""
     by_id = (id(ast), device, NOOPT.value, BEAM.value)
     if (hit := _runner_by_id.get(by_id)) is not None and hit[0] is ast:
         return hit[1]
-    key = (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
+    key = _runner_key(device, ast)
     if (runner := _runner_cache.get(key)) is None:
         runner = _runner_cache[key] = CompiledRunner(
             device, to_program(get_kernel(Device[device].renderer, ast, device))
         )
-    if len(_runner_by_id) >= 8192:
-        _runner_by_id.clear()
-    _runner_by_id[by_id] = (ast, runner)
+    _remember_by_id(by_id, ast, runner)
     return runner
+
+
+def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
+    """Lower the schedule's kernels that have no runner yet, in order on this thread (Python: it holds the GIL), and
+    compile each on compile_pool's threads as soon as it is lowered, so that the C compiler of one (a process of its
+    own) runs while the next is lowered and several compile at once on several cores: on devices whose Compiler is
+    `concurrent` (the others' kernels compile in get_runner, one at a time). The runners go into the cache that
+    get_runner reads, in schedule order. A kernel that fails to lower or compile stops it: returned as (its index in
+    the schedule, the error), which run_schedule raises when it comes to that kernel, after the kernels before it
+    have run, as they would have one by one; the kernels after it are not loaded."""
+    if BEAM >= 1:  # the search times every candidate on the device: one kernel at a time
+        return None
+    kernels = [(i, si) for i, si in enumerate(schedule) if si.ast.op is BufferOps.STORE]
+    if len(kernels) < 2:  # (the common case of a realize in a loop: nothing to look up here)
+        return None
+    pending: list[tuple[int, str, LazyOp, tuple[Any, ...]]] = []
+    keys: set[tuple[Any, ...]] = set()
+    for i, si in kernels:
+        device = si.outputs[0].device
+        if not Device[device].compiler.concurrent:  # (its kernels compile one at a time in get_runner)
+            continue
+        hit = _runner_by_id.get((id(si.ast), device, NOOPT.value, BEAM.value))
+        if hit is not None and hit[0] is si.ast:  # compiled before: no walk of the AST
+            continue
+        key = _runner_key(device, si.ast)
+        if key not in keys and _known_runner(device, si.ast, key) is None:
+            keys.add(key)
+            pending.append((i, device, si.ast, key))
+    if len(pending) < 2:  # nothing to overlap: get_runner compiles it when it is reached
+        return None
+    pool = compile_pool(min(thread_count(), len(pending)))
+    jobs: list[tuple[int, str, tuple[Any, ...], ProgramSpec, Future[bytes]]] = []
+    failed: Optional[tuple[int, Exception]] = None
+    for i, device, ast, key in pending:
+        try:
+            spec = to_program(get_kernel(Device[device].renderer, ast, device))
+        except Exception as e:
+            failed = (i, e)
+            break
+        jobs.append((i, device, key, spec, pool.submit(Device[device].compiler.compile_cached, spec.src)))
+    for i, device, key, spec, job in jobs:
+        try:
+            runner = CompiledRunner(device, spec, job.result())
+        except Exception as e:  # (an earlier kernel than a lowering failure: it comes first)
+            return i, e
+        _runner_cache[key] = runner
+    return failed
 
 
 @dataclass
@@ -153,7 +221,10 @@ def lower_schedule_item(si: Any) -> ExecItem:
 def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = None) -> None:
     """Run every item in order, then mark its outputs realized."""
     vals = var_vals or {}
-    for si in schedule:
+    failed = compile_ahead(schedule) if len(schedule) > 1 else None
+    for i, si in enumerate(schedule):
+        if failed is not None and i == failed[0]:
+            raise failed[1]
         if capturing_stack := getattr(_capturing, "stack", None):  # TinyJit records the ExecItem (this thread's)
             ei = lower_schedule_item(si)
             ei.check = si.check

@@ -9,6 +9,7 @@ import itertools
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 from tgcore.device import Buffer, Device
@@ -22,6 +23,7 @@ __all__ = [
     "CustomRunner",
     "EmptyRunner",
     "Runner",
+    "compile_pool",
     "parts_per_thread",
     "thread_count",
 ]
@@ -41,12 +43,14 @@ class Runner:
 class CompiledRunner(Runner):
     """A kernel compiled for its device, ready to launch."""
 
-    def __init__(self, device: str, p: ProgramSpec) -> None:
+    def __init__(self, device: str, p: ProgramSpec, lib: Optional[bytes] = None) -> None:
+        """`lib`: the compiled source when it was compiled ahead (realize.py compiles a schedule's kernels on
+        compile_pool's threads), else it is compiled here."""
         self.device, self.p = device, p
         dev = Device[device]
         if DEBUG >= 4:
             print(p.src)
-        self.lib = dev.compiler.compile_cached(p.src)
+        self.lib = dev.compiler.compile_cached(p.src) if lib is None else lib
         self.clprg = dev.runtime(device, p.name, self.lib)
         self.display_name, self.op_estimate, self.mem_estimate = p.name, p.op_estimate, p.mem_estimate
         # the common CPU launch: no variables, threads or launch sizes, just the buffers
@@ -141,8 +145,20 @@ def _workers(n: int) -> _Workers:
     return _Workers(n)
 
 
-if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it starts its own
-    os.register_at_fork(after_in_child=_workers.cache_clear)
+@functools.lru_cache(maxsize=None)
+def compile_pool(n: int) -> ThreadPoolExecutor:
+    """`n` threads that compile kernels: a C compiler (or nvrtc, or LLVM) runs outside the GIL, so the kernels of one
+    schedule compile on every core at once while the Python lowering of the next goes on."""
+    return ThreadPoolExecutor(n, thread_name_prefix="tgcore-compile")
+
+
+def _after_fork_in_child() -> None:  # a forked child has none of the parent's threads: it starts its own
+    _workers.cache_clear()
+    compile_pool.cache_clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _run_threaded(

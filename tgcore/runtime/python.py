@@ -96,6 +96,7 @@ class PythonCompiler(Compiler):
     """Checks the serialized program parses; the bytes are the program."""
 
     identity = "none: the serialized uop list is the program"
+    concurrent = True  # a parse in Python of a string of its own
 
     def compile(self, src: str) -> bytes:
         try:

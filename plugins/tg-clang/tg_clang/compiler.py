@@ -31,6 +31,8 @@ CFLAGS = [
 class ClangCompiler(Compiler):
     """C source -> shared object bytes."""
 
+    concurrent = True  # each compile is a process of its own, in a folder of its own
+
     def __init__(self, toolchain: Optional[Toolchain] = None) -> None:
         self.toolchain = toolchain if toolchain is not None else Toolchain.resolve()
         self.cc = self.toolchain.cc

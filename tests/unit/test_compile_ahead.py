@@ -1,0 +1,198 @@
+"""A schedule's kernels are lowered in order and compiled on worker threads before they run (engine/realize.py
+compile_ahead): the same programs and results as one kernel at a time, the error of the kernel that failed, and a
+random-number kernel small enough to compile fast (codegen/kernel.py LONG_KERNEL_OPS)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+
+from tgcore import Device, Tensor, plugin
+from tgcore.codegen import kernel as kernel_module
+from tgcore.codegen.program import to_program
+from tgcore.engine import realize
+from tgcore.helpers import prod
+from tgcore.ops import BufferOps
+from tgcore.plugin import CompileError
+
+
+def _devices() -> list[str]:
+    """PYTHON, and CLANG where it is installed and works here (its compiler is a process of its own)."""
+    return ["PYTHON"] + (["CLANG"] if Device.status("CLANG") is None else [])
+
+
+@pytest.fixture
+def cold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No kernel of this process is lowered or compiled yet, and the disk cache is not read."""
+    monkeypatch.setattr(realize, "_runner_cache", {})
+    monkeypatch.setattr(realize, "_runner_by_id", {})
+    monkeypatch.setattr(plugin, "_compiled", {})
+    monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")
+
+
+def _chain(device: str, xn: np.ndarray) -> Tensor:
+    """Three dependent kernels: two elementwise ones and a sum."""
+    x = Tensor(xn, device=device)
+    return (((x + 1).contiguous() * 2).contiguous().exp2() - 3).sum(axis=1)
+
+
+def _expected(xn: np.ndarray) -> np.ndarray:
+    return (np.exp2((xn.astype(np.float64) + 1) * 2) - 3).sum(axis=1)
+
+
+def _run(device: str, xn: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The chain's result and the source of each kernel its schedule ran, in order."""
+    out = _chain(device, xn)
+    schedule = out.schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    assert len(kernels) >= 3, [si.ast.op for si in schedule]
+    realize.run_schedule(schedule)
+    sources = [realize.get_runner(si.outputs[0].device, si.ast).p.src for si in kernels]
+    return out.numpy(), sources
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_compiled_ahead_same_programs_and_results_as_one_at_a_time(
+    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    xn = np.linspace(-2, 2, 4 * 33, dtype=np.float32).reshape(4, 33)
+    compiled_on: list[str] = []
+    compiler = Device[device].compiler
+    compile_cached = compiler.compile_cached
+
+    def recording(src: str) -> bytes:
+        compiled_on.append(threading.current_thread().name)
+        return compile_cached(src)
+
+    monkeypatch.setattr(compiler, "compile_cached", recording)
+    ahead, ahead_sources = _run(device, xn)
+    # every kernel of the schedule was compiled on the pool, none on this thread
+    assert len(compiled_on) == len(ahead_sources) and all(n.startswith("tgcore-compile") for n in compiled_on)
+
+    monkeypatch.setattr(realize, "_runner_cache", {})
+    monkeypatch.setattr(realize, "_runner_by_id", {})
+    monkeypatch.setattr(plugin, "_compiled", {})
+    monkeypatch.setattr(realize, "compile_ahead", lambda schedule: None)  # one at a time, as get_runner does it
+    compiled_on.clear()
+    serial, serial_sources = _run(device, xn)
+    assert compiled_on == [threading.current_thread().name] * len(serial_sources)
+
+    assert ahead_sources == serial_sources
+    np.testing.assert_array_equal(ahead, serial)
+    np.testing.assert_allclose(ahead, _expected(xn), rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_failing_compile_in_the_middle_raises_its_error_after_the_kernels_before_it(
+    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    xn = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = _chain(device, xn)
+    schedule = out.schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    programs = [to_program(realize.get_kernel(Device[device].renderer, si.ast, device)) for si in kernels]
+    realize._runner_cache.clear()
+    realize._runner_by_id.clear()
+    compiler = Device[device].compiler
+    compile_cached = compiler.compile_cached
+    raised: list[CompileError] = []
+
+    def failing_second(src: str) -> bytes:
+        if src == programs[1].src:
+            raised.append(CompileError(f"cannot compile {programs[1].name}", log="error: made to fail", src=src))
+            raise raised[-1]
+        return compile_cached(src)
+
+    monkeypatch.setattr(compiler, "compile_cached", failing_second)
+    with pytest.raises(CompileError) as info:
+        realize.run_schedule(schedule)
+    assert raised and info.value is raised[0]
+    assert programs[1].name in str(info.value)
+    # the first kernel ran, as it would have one kernel at a time; the failing one and those after it did not
+    assert kernels[0].outputs[0].realized is not None
+    assert all(out_lb.realized is None for si in kernels[1:] for out_lb in si.outputs)
+    expected_first = xn + 1
+    first = np.frombuffer(kernels[0].outputs[0].buffer.as_buffer(), dtype=np.float32).reshape(expected_first.shape)
+    np.testing.assert_array_equal(first, expected_first)
+    assert realize._known_runner(device, kernels[2].ast) is None
+
+
+def test_a_lowering_error_is_raised_at_its_kernel(cold: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    xn = np.arange(8, dtype=np.float32).reshape(2, 4)
+    schedule = _chain("PYTHON", xn).schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    get_kernel = realize.get_kernel
+
+    def failing_last(renderer: Any, ast: Any, device: Optional[str] = None) -> Any:
+        if ast is kernels[-1].ast:
+            raise ValueError("made to fail: the last kernel")
+        return get_kernel(renderer, ast, device)
+
+    monkeypatch.setattr(realize, "get_kernel", failing_last)
+    with pytest.raises(ValueError, match="the last kernel"):
+        realize.run_schedule(schedule)
+    assert all(out_lb.realized is not None for si in kernels[:-1] for out_lb in si.outputs)
+    assert kernels[-1].outputs[0].realized is None
+
+
+def test_compiling_ahead_from_several_threads_at_once(cold: None) -> None:
+    """Each thread's schedules compile on the shared pool; every result is right."""
+    results: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            xn = np.full((2, 5), i / 8, dtype=np.float32)
+            results[i] = (_chain("PYTHON", xn).numpy(), _expected(xn))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got, want in results.values():
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert len(results) == 4
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_fused_random_kernel_gets_few_lanes_and_the_same_numbers(device: str) -> None:
+    """randn's Threefry and Box-Muller fused into a max: ~520 ops a lane, so at most LONG_KERNEL_LANES lanes (16 or
+    32 made 200-380k characters of C and 1.2-3 s of gcc); the max equals the max of the same draw made alone."""
+    Tensor.manual_seed(11)
+    alone = Tensor.randn(64, 64, device=device).numpy()
+    Tensor.manual_seed(11)
+    fused = Tensor.randn(64, 64, device=device).max()
+    schedule = fused.schedule()
+    reduces = [si for si in schedule if si.ast.op is BufferOps.STORE and si.ast.lazyops()]
+    first = realize.get_kernel(Device[device].renderer, reduces[0].ast, device)
+    ops = sum(1 for x in reduces[0].ast.lazyops() if not isinstance(x.op, (BufferOps, kernel_module.ReduceOps)))
+    assert ops > kernel_module.LONG_KERNEL_OPS
+    assert prod(first.upcast_sizes) <= kernel_module.LONG_KERNEL_LANES, first.applied_opts
+    realize.run_schedule(schedule)
+    assert fused.item() == alone.max()
+
+
+def test_a_compiler_that_is_not_concurrent_compiles_on_the_calling_thread(
+    cold: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = Device["PYTHON"].compiler
+    compile_cached = compiler.compile_cached
+    compiled_on: list[str] = []
+
+    def recording(src: str) -> bytes:
+        compiled_on.append(threading.current_thread().name)
+        return compile_cached(src)
+
+    monkeypatch.setattr(compiler, "compile_cached", recording)
+    monkeypatch.setattr(compiler, "concurrent", False)
+    xn = np.linspace(0, 1, 10, dtype=np.float32).reshape(2, 5)
+    got, sources = _run("PYTHON", xn)
+    assert compiled_on == [threading.current_thread().name] * len(sources)
+    np.testing.assert_allclose(got, _expected(xn), rtol=1e-5)
