@@ -262,9 +262,7 @@ class Kernel:
             return
         if any(dtype_of(r) not in VECTOR_DTYPES for r in self.reduceops):
             return  # (integer lanes would be scalar accumulators: a 2048 x 1024 int32 row sum ran 1.8x slower)
-        if any(r.op is not ReduceOps.SUM for r in self.reduceops) and BinaryOps.MAX not in getattr(
-            self.opts, "vector_math", ()
-        ):
+        if any(r.op is not ReduceOps.SUM for r in self.reduceops) and BinaryOps.MAX not in self.opts.vector_math:
             return  # a MAX in lanes needs the renderer's vector MAX (its result has no order to fix)
         axis, lanes = self.first_reduce, REDUCE_LANES
         n = self.full_shape[axis]
@@ -449,7 +447,7 @@ class Kernel:
         self.applied_opts.append(opt)
 
     def _pack(self, opt: Opt) -> None:
-        scratch = getattr(self.opts, "scratch_max", 0)
+        scratch = self.opts.scratch_max
         _check(scratch > 0 and self.opts.global_max is None, f"{opt}: the device has no scratch memory for kernels")
         _check(all(isinstance(s, int) for s in self.full_shape), f"{opt}: the kernel has a symbolic size")
         loads = self.loads()
@@ -495,7 +493,7 @@ class Kernel:
         return st.real_strides()[axis]
 
     def _vector_width(self) -> int:
-        widths = getattr(self.opts, "vector_widths", {}) or {}
+        widths = self.opts.vector_widths
         return max(
             [widths.get(leaf.arg.dtype.scalar(), 1) for leaf in self.leaves if leaf.op is not BufferOps.CONST] or [1]
         )
@@ -512,7 +510,7 @@ class Kernel:
             self._optimize_elementwise(globals_, vw)
         if self.opts.has_local and self.opts.global_max is not None:
             self._optimize_locals()
-            if self.opts.has_shared and getattr(self.opts, "shared_is_fast", True) and self.reduceops:
+            if self.opts.has_shared and self.opts.shared_is_fast and self.reduceops:
                 self._optimize_stage()
 
     def _divisor(self, size: int, choices: tuple[int, ...]) -> int:
@@ -597,7 +595,7 @@ class Kernel:
             # two vectors wide only where the accumulators fit the registers: a target with 16 vector registers (AVX2,
             # SSE) spills a 16 x 2-vector tile (CLANG -march=x86-64-v3 through GCC: a 1024 matmul 2.5 s, one vector
             # wide 43 ms)
-            widths = (2 * vw, vw) if getattr(self.opts, "vector_registers", 32) >= 32 else (vw,)
+            widths = (2 * vw, vw) if self.opts.vector_registers >= 32 else (vw,)
             # an axis the output is contiguous along comes first, even one vector wide: its tiles store whole vectors
             # (dz.T @ x of the MLP's backward, 512x128 @ 128x784: 16 columns along the output's rows ran 1.4-1.7x
             # faster than 32 along its columns, whose stores were scattered)
@@ -611,7 +609,7 @@ class Kernel:
             # output's contiguous axis (a @ b.T: the tile stores whole vectors, and a blocked kernel packs b's block);
             # two vectors wide where the gathered block will be packed (a @ b.T at 1024 and 2048: 8 x 32 tiles ran
             # ~20% faster than 16 x 16, whose 16 rows of a, 4 KB apart, share one cache set)
-            packs = getattr(self.opts, "scratch_max", 0) and self.opts.global_max is None
+            packs = self.opts.scratch_max and self.opts.global_max is None
             for amount in widths if packs else (vw,):
                 fits = [a for a in broadcast if _int(self.full_shape[a]) % amount == 0]
                 if fits:
@@ -686,7 +684,7 @@ class Kernel:
         if vw <= 1:
             return
         alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
-        lanes_ok = (*_ELEMENTWISE_LANES_OK, *getattr(self.opts, "vector_math", ()))
+        lanes_ok = (*_ELEMENTWISE_LANES_OK, *self.opts.vector_math)
         if self.opts.vector_uops and any(x.op not in lanes_ok for x in alu):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast

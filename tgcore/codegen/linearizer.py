@@ -655,7 +655,7 @@ class Linearizer:
         self.ast_caches.pop()
         # each accumulator adds its unrolled lanes in index order: the order of the loop they replace
         current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
-        fused = op.op is ReduceOps.SUM and dt in _FUSED_DTYPES and getattr(k.opts, "fused_mulacc", False)
+        fused = op.op is ReduceOps.SUM and dt in _FUSED_DTYPES and k.opts.fused_mulacc
         for key, groups in groups_of.items():
             for g in sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled]):
                 cur, product = current[key], self._product(vals[g]) if fused else None
