@@ -1,0 +1,882 @@
+"""ONNX operators of the default domain, written on Tensor ops from the operator specs (onnx/defs).
+
+Each implementation takes a Node and returns a Tensor or a tuple of them (None for an output not produced).
+It is registered with @op(op_type, since_version, ...): a version is listed where the op's semantics changed
+(an attribute became an input, a default changed), so each opset gets its own reading."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from tgcore.dtype import dtypes
+from tgcore.onnx.registry import Node, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
+from tgcore.tensor import Tensor
+
+# ***** elementwise: unary math *****
+
+_UNARY = {
+    "Abs": Tensor.abs,
+    "Neg": Tensor.neg,
+    "Exp": Tensor.exp,
+    "Log": Tensor.log,
+    "Sqrt": Tensor.sqrt,
+    "Reciprocal": Tensor.reciprocal,
+    "Floor": Tensor.floor,
+    "Ceil": Tensor.ceil,
+    "Round": Tensor.round,
+    "Sign": Tensor.sign,
+    "Sin": Tensor.sin,
+    "Cos": Tensor.cos,
+    "Tan": Tensor.tan,
+    "Sinh": Tensor.sinh,
+    "Cosh": Tensor.cosh,
+    "Asinh": Tensor.asinh,
+    "Acosh": Tensor.acosh,
+    "Atanh": Tensor.atanh,
+    "Relu": Tensor.relu,
+    "Sigmoid": Tensor.sigmoid,
+    "Tanh": Tensor.tanh,
+    "Softsign": Tensor.softsign,
+    "Softplus": Tensor.softplus,
+    "Mish": Tensor.mish,
+    "HardSwish": Tensor.hardswish,
+    "Identity": lambda x: x,
+}
+
+
+def _unary(fn):  # noqa: ANN001, ANN202 (a closure per op)
+    return lambda n: fn(n[0])
+
+
+for _name, _fn in _UNARY.items():
+    op(_name, 1)(_unary(_fn))
+
+
+@op("Not", 1)
+def _not(n: Node) -> Tensor:
+    return n[0].logical_not()
+
+
+@op("IsNaN", 9)
+def _isnan(n: Node) -> Tensor:
+    x = n[0]
+    return x != x
+
+
+@op("IsInf", 10)
+def _isinf(n: Node) -> Tensor:
+    x = n[0]
+    pos, neg = (x == math.inf), (x == -math.inf)
+    if not n.get("detect_positive", 1):
+        pos = pos & False
+    if not n.get("detect_negative", 1):
+        neg = neg & False
+    return pos | neg
+
+
+def _erf(x: Tensor) -> Tensor:
+    """erf by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7), odd in x."""
+    a = x.abs()
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return x.sign() * (1.0 - poly * (-a * a).exp())
+
+
+@op("Erf", 9)
+def _erf_op(n: Node) -> Tensor:
+    return _erf(n[0])
+
+
+@op("Gelu", 20)
+def _gelu(n: Node) -> Tensor:
+    x = n[0]
+    if n.get("approximate", "none") == "tanh":
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    return 0.5 * x * (1 + _erf(x * (1 / math.sqrt(2))))
+
+
+@op("LeakyRelu", 1)
+def _leaky(n: Node) -> Tensor:
+    x = n[0]
+    return (x < 0).where(x * n.get("alpha", 0.01), x)
+
+
+@op("Elu", 1)
+def _elu(n: Node) -> Tensor:
+    x, alpha = n[0], n.get("alpha", 1.0)
+    return (x < 0).where(alpha * (x.exp() - 1), x)
+
+
+@op("Celu", 12)
+def _celu(n: Node) -> Tensor:
+    x, alpha = n[0], n.get("alpha", 1.0)
+    return x.maximum(0) + ((x / alpha).exp() - 1).mul(alpha).minimum(0)
+
+
+@op("Selu", 1)
+def _selu(n: Node) -> Tensor:
+    x = n[0]
+    alpha, gamma = n.get("alpha", 1.67326319217681884765625), n.get("gamma", 1.05070102214813232421875)
+    return gamma * (x <= 0).where(alpha * (x.exp() - 1), x)
+
+
+@op("ThresholdedRelu", 10)
+def _threlu(n: Node) -> Tensor:
+    x = n[0]
+    return (x > n.get("alpha", 1.0)).where(x, 0)
+
+
+@op("HardSigmoid", 1)
+def _hardsigmoid(n: Node) -> Tensor:
+    return (n[0] * n.get("alpha", 0.2) + n.get("beta", 0.5)).clip(0, 1)
+
+
+@op("PRelu", 1)
+def _prelu(n: Node) -> Tensor:
+    x, slope = n[0], n[1]
+    return (x < 0).where(x * slope, x)
+
+
+@op("Clip", 1, 11)
+def _clip(n: Node) -> Tensor:
+    x = n[0]
+    if n.opset < 11:
+        lo, hi = n.get("min", -math.inf), n.get("max", math.inf)
+    else:
+        lo_v, hi_v = n.host(1), n.host(2)
+        lo = lo_v.item() if lo_v is not None else None
+        hi = hi_v.item() if hi_v is not None else None
+    if lo is not None:
+        x = x.maximum(lo)
+    if hi is not None:
+        x = x.minimum(hi)
+    return x
+
+
+# ***** elementwise: binary math and comparisons (numpy broadcasting from opset 7) *****
+
+
+def _same(a: Tensor, out: Tensor) -> Tensor:
+    return out if out.dtype == a.dtype else out.cast(a.dtype)
+
+
+@op("Add", 7)
+def _add(n: Node) -> Tensor:
+    return _same(n[0], n[0] + n[1])
+
+
+@op("Sub", 7)
+def _sub(n: Node) -> Tensor:
+    return _same(n[0], n[0] - n[1])
+
+
+@op("Mul", 7)
+def _mul(n: Node) -> Tensor:
+    return _same(n[0], n[0] * n[1])
+
+
+@op("Div", 7)
+def _div(n: Node) -> Tensor:
+    a, b = n[0], n[1]
+    if dtypes.is_float(a.dtype):
+        return a / b
+    return a.div(b, upcast=False)  # integers: C's truncation, as the spec's reference casts the quotient
+
+
+@op("Mod", 10)
+def _mod(n: Node) -> Tensor:
+    a, b = n[0], n[1]
+    if n.get("fmod", 0):  # C fmod: the sign of the dividend
+        if dtypes.is_float(a.dtype):
+            return a - (a / b).trunc() * b
+        return a - a.div(b, upcast=False) * b
+    return a.mod(b)
+
+
+@op("Pow", 7)
+def _pow(n: Node) -> Tensor:
+    a, b = n[0], n[1]
+    if dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype):
+        return a.cast(dtypes.float64).pow(b.cast(dtypes.float64)).cast(a.dtype)
+    return a.pow(b.cast(a.dtype) if dtypes.is_float(a.dtype) else b).cast(a.dtype)
+
+
+def _binary(fn):  # noqa: ANN001, ANN202
+    return lambda n: fn(n[0], n[1])
+
+
+for _name, _fn in {
+    "Equal": Tensor.__eq__,
+    "Less": Tensor.__lt__,
+    "Greater": Tensor.__gt__,
+    "LessOrEqual": Tensor.__le__,
+    "GreaterOrEqual": Tensor.__ge__,
+    "And": Tensor.__and__,
+    "Or": Tensor.__or__,
+    "Xor": Tensor.__xor__,
+    "BitwiseAnd": Tensor.bitwise_and,
+    "BitwiseOr": Tensor.bitwise_or,
+    "BitwiseXor": Tensor.xor,
+}.items():
+    op(_name, 7)(_binary(_fn))
+
+
+@op("BitwiseNot", 18)
+def _bitnot(n: Node) -> Tensor:
+    return ~n[0]
+
+
+@op("BitShift", 11)
+def _bitshift(n: Node) -> Tensor:
+    a, b = n[0], n[1]
+    return a.lshift(b) if n.get("direction") == "LEFT" else a.rshift(b)
+
+
+def _variadic(name: str, fn):  # noqa: ANN001, ANN202
+    def run(n: Node) -> Tensor:
+        xs = [x for x in n.inputs if x is not None]
+        out = xs[0]
+        for x in xs[1:]:
+            out = fn(out, x)
+        return out / len(xs) if name == "Mean" else _same(xs[0], out)
+
+    return run
+
+
+for _name, _fn in {"Max": Tensor.maximum, "Min": Tensor.minimum, "Sum": Tensor.add, "Mean": Tensor.add}.items():
+    op(_name, 8)(_variadic(_name, _fn))
+
+
+@op("Where", 9)
+def _where(n: Node) -> Tensor:
+    return n[0].where(n[1], n[2])
+
+
+# ***** matrix products *****
+
+
+@op("MatMul", 1)
+def _matmul(n: Node) -> Tensor:
+    return n[0].matmul(n[1])
+
+
+@op("Gemm", 7)
+def _gemm(n: Node) -> Tensor:
+    a, b, c = n[0], n[1], n[2]
+    if n.get("transA", 0):
+        a = a.transpose()
+    if n.get("transB", 0):
+        b = b.transpose()
+    out = a.matmul(b)
+    if (alpha := n.get("alpha", 1.0)) != 1.0:
+        out = out * alpha
+    if c is not None:
+        beta = n.get("beta", 1.0)
+        out = out + (c * beta if beta != 1.0 else c)
+    return _same(n[0], out)
+
+
+@op("Einsum", 12)
+def _einsum(n: Node) -> Tensor:
+    return Tensor.einsum(n.get("equation").replace(" ", ""), *n.inputs)
+
+
+# ***** convolution and pooling *****
+
+
+def _spatial_pads(n: Node, in_sp: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int]) -> list:
+    """Per spatial axis (begin, end) from `pads` or `auto_pad`."""
+    nd, auto = len(kernel), n.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for size, k, s, d in zip(in_sp, kernel, strides, dils):
+            total = max(0, (ceil_div(size, s) - 1) * s + (k - 1) * d + 1 - size)
+            small = total // 2
+            out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+        return out
+    if auto == "VALID":
+        return [(0, 0)] * nd
+    pads = n.get("pads", [0] * (2 * nd))
+    return [(pads[i], pads[i + nd]) for i in range(nd)]
+
+
+def _conv_args(n: Node, x: Tensor, kernel: list[int]) -> tuple[list[int], list[int], list]:
+    nd = len(kernel)
+    strides, dils = n.get("strides", [1] * nd), n.get("dilations", [1] * nd)
+    return strides, dils, _spatial_pads(n, x.shape[2:], kernel, strides, dils)
+
+
+@op("Conv", 1, 11)
+def _conv(n: Node) -> Tensor:
+    x, w, b = n[0], n[1], n[2]
+    kernel = list(w.shape[2:])
+    strides, dils, pads = _conv_args(n, x, kernel)
+    flat: list[int] = []
+    for p in reversed(pads):  # conv2d's layout: (begin, end) pairs from the last axis back
+        flat += list(p)
+    return x.conv2d(w, b, groups=n.get("group", 1), stride=strides, dilation=dils, padding=flat)
+
+
+@op("ConvTranspose", 1, 11)
+def _conv_transpose(n: Node) -> Tensor:
+    x, w, b = n[0], n[1], n[2]
+    kernel, nd = list(w.shape[2:]), w.ndim - 2
+    strides, dils = n.get("strides", [1] * nd), n.get("dilations", [1] * nd)
+    out_pad = n.get("output_padding", [0] * nd)
+    y = x.conv_transpose2d(w, None, groups=n.get("group", 1), stride=strides, dilation=dils)
+    full = [(i - 1) * s + (k - 1) * d + 1 for i, s, k, d in zip(x.shape[2:], strides, kernel, dils)]
+    if (out_shape := n.get("output_shape")) is not None:
+        out_shape = list(out_shape)[-nd:]
+        pads = []
+        for f, op_, o in zip(full, out_pad, out_shape):
+            total = f + op_ - o
+            if n.get("auto_pad", "NOTSET") == "SAME_UPPER":
+                pads.append((total // 2, total - total // 2))
+            else:
+                pads.append((total - total // 2, total // 2))
+    elif n.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for i, f, op_, s in zip(x.shape[2:], full, out_pad, strides):
+            total = f + op_ - i * s
+            small = total // 2
+            pads.append((small, total - small) if n.get("auto_pad") == "SAME_UPPER" else (total - small, small))
+    else:
+        p = n.get("pads", [0] * (2 * nd)) if n.get("auto_pad", "NOTSET") != "VALID" else [0] * (2 * nd)
+        pads = [(p[i], p[i + nd]) for i in range(nd)]
+    # output_padding adds rows at the end that no input reaches (bias only); pads then trim each side
+    y = y.pad(((0, 0), (0, 0), *[(0, max(0, op_)) for op_ in out_pad]))
+    y = y.pad(((0, 0), (0, 0), *[(-min(0, pb), -min(0, pe)) for pb, pe in pads]))
+    y = y.shrink(
+        ((0, y.shape[0]), (0, y.shape[1]), *[(max(0, pb), s - max(0, pe)) for (pb, pe), s in zip(pads, y.shape[2:])])
+    )
+    return y if b is None else y + b.reshape(1, -1, *([1] * nd))
+
+
+def _pool_input(
+    n: Node, x: Tensor, value: float, count_pads: bool
+) -> tuple[Tensor, Optional[Tensor], list[int], list[int], list[int]]:
+    """x padded for pooling (explicit pads filled with `value`, ceil_mode's tail too) and the count of taps."""
+    kernel = list(n.get("kernel_shape"))
+    strides, dils, pads = _conv_args(n, x, kernel)
+    extra = []
+    for size, k, s, d, (pb, pe) in zip(x.shape[2:], kernel, strides, dils, pads):
+        span = size + pb + pe - (k - 1) * d - 1
+        o = (ceil_div(span, s) if n.get("ceil_mode", 0) else span // s) + 1
+        if n.get("ceil_mode", 0) and (o - 1) * s >= size + pb:  # a window that starts in the end padding is dropped
+            o -= 1
+        extra.append(max(0, (o - 1) * s + (k - 1) * d + 1 - (size + pb + pe)))
+    full = [(0, 0), (0, 0), *[(pb, pe + e) for (pb, pe), e in zip(pads, extra)]]
+    xp = x.pad(tuple(full), value=value)
+    ones = None
+    if any(pb or pe or e for (pb, pe), e in zip(pads, extra)):
+        inner = Tensor.ones(*x.shape[2:], device=x.device, dtype=x.dtype)
+        if count_pads:
+            inner = inner.pad(tuple(pads), value=1.0)
+            ones = inner.pad(tuple((0, e) for e in extra))
+        else:
+            ones = inner.pad(tuple((pb, pe + e) for (pb, pe), e in zip(pads, extra)))
+    return xp, ones, kernel, strides, dils
+
+
+@op("MaxPool", 1, 8, 10, 11, 12)
+def _maxpool(n: Node) -> Tensor:
+    x = n[0]
+    if n.num_outputs > 1:
+        raise n.unsupported("the Indices output is not implemented yet")
+    fill = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+    xp, _, kernel, strides, dils = _pool_input(n, x, fill, False)
+    return xp._pool(tuple(kernel), strides, dils).max(tuple(range(-len(kernel), 0)))
+
+
+@op("AveragePool", 1, 7, 10, 11, 19)
+def _avgpool(n: Node) -> Tensor:
+    x = n[0]
+    count_pads = bool(n.get("count_include_pad", 0))
+    xp, ones, kernel, strides, dils = _pool_input(n, x, 0.0, count_pads)
+    axes = tuple(range(-len(kernel), 0))
+    total = xp._pool(tuple(kernel), strides, dils).sum(axes)
+    if ones is None:
+        return total / math.prod(kernel)
+    return total / ones._pool(tuple(kernel), strides, dils).sum(axes)
+
+
+@op("GlobalAveragePool", 1)
+def _gap(n: Node) -> Tensor:
+    x = n[0]
+    return x.mean(tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("GlobalMaxPool", 1)
+def _gmp(n: Node) -> Tensor:
+    x = n[0]
+    return x.max(tuple(range(2, x.ndim)), keepdim=True)
+
+
+# ***** normalization *****
+
+
+@op("BatchNormalization", 7, 9, 14, 15)
+def _batchnorm(n: Node) -> Tensor:
+    x, scale, bias, mean, var = n.inputs[:5]
+    if n.get("training_mode", 0):
+        raise n.unsupported("training_mode=1 is not implemented yet")
+    invstd = (var + n.get("epsilon", 1e-5)).rsqrt()
+    return x.batchnorm(scale, bias, mean, invstd)
+
+
+@op("InstanceNormalization", 6)
+def _instnorm(n: Node) -> Tensor:
+    x, scale, bias = n[0], n[1], n[2]
+    shape = (1, -1, *([1] * (x.ndim - 2)))
+    y = x.layernorm(tuple(range(2, x.ndim)), eps=n.get("epsilon", 1e-5))
+    return y * scale.reshape(shape) + bias.reshape(shape)
+
+
+@op("LayerNormalization", 17)
+def _layernorm(n: Node) -> tuple:
+    x, scale, bias = n[0], n[1], n[2]
+    axis = norm_axis(n.get("axis", -1), x.ndim)
+    axes = tuple(range(axis, x.ndim))
+    xf = x.cast(dtypes.float32) if n.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
+    mean = xf.mean(axes, keepdim=True)
+    d = xf - mean
+    invstd = ((d * d).mean(axes, keepdim=True) + n.get("epsilon", 1e-5)).rsqrt()
+    y = (d * invstd).cast(x.dtype) * scale
+    if bias is not None:
+        y = y + bias
+    return y, mean, invstd
+
+
+@op("LpNormalization", 1)
+def _lpnorm(n: Node) -> Tensor:
+    x, axis, p = n[0], n.get("axis", -1), n.get("p", 2)
+    norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
+    return x / norm
+
+
+# ***** softmax family: before opset 13 the input is read as 2-D, split at `axis` *****
+
+
+def _softmax_like(kind: str):  # noqa: ANN202
+    def run(n: Node) -> Tensor:
+        x = n[0]
+        if n.opset < 13:
+            axis = norm_axis(n.get("axis", 1), x.ndim)
+            flat = x.reshape(math.prod(x.shape[:axis]), -1)
+            return _softmax_on(kind, flat, 1).reshape(x.shape)
+        return _softmax_on(kind, x, norm_axis(n.get("axis", -1), x.ndim))
+
+    return run
+
+
+def _softmax_on(kind: str, x: Tensor, axis: int) -> Tensor:
+    if kind == "Softmax":
+        return x.softmax(axis)
+    if kind == "LogSoftmax":
+        return x.log_softmax(axis)
+    return _hardmax(x, axis)
+
+
+def _hardmax(x: Tensor, axis: int) -> Tensor:
+    """1 at the first maximum along axis, 0 elsewhere."""
+    idx = x.argmax(axis, keepdim=True)
+    pos = Tensor.arange(x.shape[axis], device=x.device).reshape(tuple([-1 if a == axis else 1 for a in range(x.ndim)]))
+    return (pos == idx).cast(x.dtype)
+
+
+for _name in ("Softmax", "LogSoftmax", "Hardmax"):
+    op(_name, 1, 13)(_softmax_like(_name))
+
+
+# ***** reductions: `axes` an attribute, then an input (ReduceSum from 13, the others from 18) *****
+
+
+def _reduce(kind: str, axes_input_since: int):  # noqa: ANN202
+    def run(n: Node) -> Tensor:
+        x = n[0]
+        if n.opset >= axes_input_since:
+            axes = n.ints(1)
+        else:
+            axes = n.get("axes")
+        keep = bool(n.get("keepdims", 1))
+        if not axes:
+            if n.get("noop_with_empty_axes", 0) and n.opset >= axes_input_since:
+                return x
+            axes = list(range(x.ndim))
+        ax = tuple(norm_axis(a, x.ndim) for a in axes)
+        if kind == "ReduceSum":
+            return x.sum(ax, keepdim=keep)
+        if kind == "ReduceMean":
+            return x.mean(ax, keepdim=keep)
+        if kind == "ReduceMax":
+            return x.max(ax, keepdim=keep)
+        if kind == "ReduceMin":
+            return x.min(ax, keepdim=keep)
+        if kind == "ReduceProd":
+            return _prod(x, ax, keep)
+        if kind == "ReduceL1":
+            return x.abs().sum(ax, keepdim=keep)
+        if kind == "ReduceL2":
+            return _same(x, (x * x).sum(ax, keepdim=keep).sqrt())
+        if kind == "ReduceSumSquare":
+            return (x * x).sum(ax, keepdim=keep)
+        if kind == "ReduceLogSum":
+            return x.sum(ax, keepdim=keep).log()
+        # ReduceLogSumExp, stable: max + log(sum(exp(x - max)))
+        m = x.max(ax, keepdim=True)
+        m = (m.abs() == math.inf).where(0, m) if dtypes.is_float(x.dtype) else m
+        out = (x - m).exp().sum(ax, keepdim=True).log() + m
+        return out if keep else out.reshape(tuple([s for i, s in enumerate(out.shape) if i not in ax]))
+
+    return run
+
+
+def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
+    """A product by halving: multiply the two halves of each axis until one element is left."""
+    for a in axes:
+        while x.shape[a] > 1:
+            size = x.shape[a]
+            if size % 2:
+                one = [(0, 0)] * x.ndim
+                one[a] = (0, 1)
+                x = x.pad(tuple(one), value=1)
+                size += 1
+            lo = [(0, s) for s in x.shape]
+            hi = list(lo)
+            lo[a], hi[a] = (0, size // 2), (size // 2, size)
+            x = x.shrink(tuple(lo)) * x.shrink(tuple(hi))
+        if x.shape[a] == 0:
+            x = Tensor.ones(*[1 if i == a else s for i, s in enumerate(x.shape)], dtype=x.dtype, device=x.device)
+    return x if keep else x.reshape(tuple([s for i, s in enumerate(x.shape) if i not in axes]))
+
+
+for _name in ("ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+              "ReduceLogSum", "ReduceLogSumExp"):  # fmt: skip
+    op(_name, 1, 18)(_reduce(_name, 18))
+op("ReduceSum", 1, 13)(_reduce("ReduceSum", 13))
+
+
+def _arg(kind: str):  # noqa: ANN202
+    def run(n: Node) -> Tensor:
+        x, axis, keep = n[0], norm_axis(n.get("axis", 0), n[0].ndim), bool(n.get("keepdims", 1))
+        y = x if kind == "ArgMax" else -x
+        if n.get("select_last_index", 0):
+            idx = x.shape[axis] - 1 - y.flip(axis).argmax(axis, keepdim=keep)
+        else:
+            idx = y.argmax(axis, keepdim=keep)
+        return idx.cast(dtypes.int64)
+
+    return run
+
+
+op("ArgMax", 1)(_arg("ArgMax"))
+op("ArgMin", 1)(_arg("ArgMin"))
+
+
+@op("CumSum", 11)
+def _cumsum(n: Node) -> Tensor:
+    x, axis = n[0], norm_axis(int(n.host(1).item()), n[0].ndim)
+    if n.get("reverse", 0):
+        x = x.flip(axis)
+    y = x.cumsum(axis)
+    if n.get("exclusive", 0):
+        y = y - x
+    return y.flip(axis) if n.get("reverse", 0) else y
+
+
+# ***** shapes and data movement *****
+
+
+def _known(n: Node, value: np.ndarray) -> Tensor:
+    """A tensor of host-known values: later shape-reading ops read the host copy, no kernel runs."""
+    t = to_tensor(value, n.device)
+    n.known[id(t)] = value
+    return t
+
+
+@op("Shape", 1, 15)
+def _shape(n: Node) -> Tensor:
+    shape = n[0].shape
+    start, end = n.get("start", 0), n.get("end", len(shape))
+    return _known(n, np.array(shape[slice(start, end)], dtype=np.int64))
+
+
+@op("Size", 1)
+def _size(n: Node) -> Tensor:
+    return _known(n, np.array(math.prod(n[0].shape), dtype=np.int64))
+
+
+@op("Constant", 1, 9, 11, 12, 13)
+def _constant(n: Node) -> Tensor:
+    from onnx import numpy_helper
+
+    a = n.attrs
+    if "value" in a:
+        return _known(n, numpy_helper.to_array(a["value"]))
+    if "value_float" in a:
+        return _known(n, np.array(a["value_float"], dtype=np.float32))
+    if "value_floats" in a:
+        return _known(n, np.array(a["value_floats"], dtype=np.float32))
+    if "value_int" in a:
+        return _known(n, np.array(a["value_int"], dtype=np.int64))
+    if "value_ints" in a:
+        return _known(n, np.array(a["value_ints"], dtype=np.int64))
+    raise n.unsupported(f"only value, value_float(s) and value_int(s) are supported, got {sorted(a)}")
+
+
+@op("ConstantOfShape", 9)
+def _constant_of_shape(n: Node) -> Tensor:
+    from onnx import numpy_helper
+
+    shape = n.ints(0)
+    value = numpy_helper.to_array(n.attrs["value"]) if "value" in n.attrs else np.zeros(1, np.float32)
+    return _known(n, np.full(shape, value.reshape(-1)[0], dtype=value.dtype))
+
+
+@op("Cast", 6, 13, 19)
+def _cast(n: Node) -> Tensor:
+    return n[0].cast(onnx_to_dtype(n.get("to"), n.op_type, n.opset))
+
+
+@op("CastLike", 15)
+def _castlike(n: Node) -> Tensor:
+    return n[0].cast(n[1].dtype)
+
+
+@op("Reshape", 5, 14)
+def _reshape(n: Node) -> Tensor:
+    x, shape = n[0], n.ints(1)
+    if not n.get("allowzero", 0):
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+@op("Flatten", 1, 9, 11, 13)
+def _flatten(n: Node) -> Tensor:
+    x = n[0]
+    axis = norm_axis(n.get("axis", 1), x.ndim)
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+@op("Transpose", 1)
+def _transpose(n: Node) -> Tensor:
+    x = n[0]
+    return x.permute(n.get("perm", list(range(x.ndim))[::-1]))
+
+
+def _axes(n: Node, input_since: int) -> Optional[list[int]]:
+    return n.ints(1) if n.opset >= input_since else n.get("axes")
+
+
+@op("Squeeze", 1, 11, 13)
+def _squeeze(n: Node) -> Tensor:
+    x, axes = n[0], _axes(n, 13)
+    if axes is None:
+        return x.reshape(tuple([s for s in x.shape if s != 1]))
+    ax = {norm_axis(a, x.ndim) for a in axes}
+    return x.reshape(tuple([s for i, s in enumerate(x.shape) if i not in ax]))
+
+
+@op("Unsqueeze", 1, 11, 13)
+def _unsqueeze(n: Node) -> Tensor:
+    x, axes = n[0], _axes(n, 13)
+    rank = x.ndim + len(axes)
+    ax, dims = sorted(norm_axis(a, rank) for a in axes), iter(x.shape)
+    return x.reshape(tuple([1 if i in ax else next(dims) for i in range(rank)]))
+
+
+@op("Concat", 4)
+def _concat(n: Node) -> Tensor:
+    xs = [x for x in n.inputs if x is not None]
+    axis = norm_axis(n.get("axis"), xs[0].ndim)
+    if all(id(x) in n.known for x in xs):
+        return _known(n, np.concatenate([n.known[id(x)] for x in xs], axis))
+    return xs[0].cat(*xs[1:], dim=axis)
+
+
+@op("Split", 2, 11, 13, 18)
+def _split(n: Node) -> tuple:
+    x = n[0]
+    axis = norm_axis(n.get("axis", 0), x.ndim)
+    sizes = n.ints(1) if n.opset >= 13 else n.get("split")
+    if sizes is None:
+        parts = n.get("num_outputs", n.num_outputs) if n.opset >= 18 else n.num_outputs
+        chunk = ceil_div(x.shape[axis], parts)
+        sizes = [min(chunk, x.shape[axis] - i * chunk) for i in range(parts)]
+    return x.split(sizes, axis)
+
+
+@op("Slice", 1, 10)
+def _slice(n: Node) -> Tensor:
+    x = n[0]
+    if n.opset < 10:
+        starts, ends, axes, steps = n.get("starts"), n.get("ends"), n.get("axes"), None
+    else:
+        starts, ends, axes, steps = n.ints(1), n.ints(2), n.ints(3), n.ints(4)
+    axes = list(range(len(starts))) if axes is None else [norm_axis(a, x.ndim) for a in axes]
+    steps = steps or [1] * len(starts)
+    index: list[slice] = [slice(None)] * x.ndim
+    for a, st, en, sp in zip(axes, starts, ends, steps):
+        dim = x.shape[a]
+        st, en = st + dim if st < 0 else st, en + dim if en < 0 else en
+        if sp > 0:
+            st, en = min(max(st, 0), dim), min(max(en, 0), dim)
+            index[a] = slice(st, en, sp)
+        else:
+            st, en = min(max(st, 0), dim - 1), min(max(en, -1), dim - 1)
+            index[a] = slice(st, None if en < 0 else en, sp)
+    if id(x) in n.known:
+        return _known(n, n.known[id(x)][tuple(index)])
+    return x[tuple(index)]
+
+
+def _gather_index(idx: Tensor, dim: int) -> Tensor:
+    return (idx < 0).where(idx + dim, idx)
+
+
+@op("Gather", 1, 11, 13)
+def _gather(n: Node) -> Tensor:
+    x, idx = n[0], n[1]
+    axis = norm_axis(n.get("axis", 0), x.ndim)
+    if id(x) in n.known and id(idx) in n.known:
+        return _known(n, np.take(n.known[id(x)], n.known[id(idx)], axis=axis))
+    flat = _gather_index(idx, x.shape[axis]).reshape(-1)
+    out = x[(slice(None),) * axis + (flat,)]
+    return out.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
+
+
+@op("GatherElements", 11, 13)
+def _gather_elements(n: Node) -> Tensor:
+    x, idx = n[0], n[1]
+    axis = norm_axis(n.get("axis", 0), x.ndim)
+    return x.gather(axis, _gather_index(idx, x.shape[axis]))
+
+
+@op("Expand", 8, 13)
+def _expand(n: Node) -> Tensor:
+    x, shape = n[0], n.ints(1)
+    rank = max(len(shape), x.ndim)
+    xs = (1,) * (rank - x.ndim) + tuple(x.shape)
+    target = [1] * (rank - len(shape)) + shape
+    return x.reshape(xs).expand(tuple(max(a, b) if min(a, b) == 1 else b for a, b in zip(xs, target)))
+
+
+@op("Tile", 6, 13)
+def _tile(n: Node) -> Tensor:
+    return n[0].repeat(n.ints(1))
+
+
+@op("Range", 11)
+def _range(n: Node) -> Tensor:
+    start, limit, delta = (n.host(i).item() for i in range(3))
+    return Tensor(np.arange(start, limit, delta, dtype=n[0].dtype.np), device=n.device)
+
+
+@op("Pad", 2, 11, 13, 18, 19, 21)
+def _pad(n: Node) -> Tensor:
+    x = n[0]
+    mode = n.get("mode", "constant")
+    if n.opset < 11:
+        pads, value, axes = n.get("pads"), n.get("value", 0.0), None
+    else:
+        pads = n.ints(1)
+        cv = n.host(2)
+        value = cv.reshape(-1)[0].item() if cv is not None and cv.size else 0
+        axes = n.ints(3)
+    axes = list(range(x.ndim)) if axes is None else [norm_axis(a, x.ndim) for a in axes]
+    k = len(axes)
+    per = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes):
+        per[a] = (pads[i], pads[i + k])
+    if mode == "constant":
+        grow = tuple((max(0, b), max(0, e)) for b, e in per)
+        y = x.pad(grow, value=value)
+        return y.shrink(tuple((-min(0, b), s - (-min(0, e))) for (b, e), s in zip(per, y.shape)))
+    if mode not in ("reflect", "edge", "wrap"):
+        raise n.unsupported(f"mode {mode!r}: expected constant, reflect, edge or wrap")
+    for a, (b, e) in enumerate(per):
+        if b or e:
+            x = _pad_axis(x, a, b, e, mode)
+    return x
+
+
+def _pad_axis(x: Tensor, a: int, b: int, e: int, mode: str) -> Tensor:
+    """reflect / edge / wrap padding of one axis, by gathering the source index of every output position."""
+    dim = x.shape[a]
+    pos = np.arange(-b, dim + e)
+    if mode == "edge":
+        src = np.clip(pos, 0, dim - 1)
+    elif mode == "wrap":
+        src = pos % dim
+    else:
+        period = 2 * (dim - 1) if dim > 1 else 1
+        m = np.abs(pos) % period
+        src = np.where(m >= dim, period - m, m)
+    return x[(slice(None),) * a + (Tensor(src.astype(np.int32), device=x.device),)]
+
+
+@op("Dropout", 1, 7, 10, 12, 13)
+def _dropout(n: Node) -> tuple:
+    x = n[0]
+    if n.opset >= 12 and n[2] is not None and bool(n.host(2).item()):
+        raise n.unsupported("training_mode=True is not implemented yet")
+    mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device) if n.num_outputs > 1 else None
+    return x, mask
+
+
+@op("Trilu", 14)
+def _trilu(n: Node) -> Tensor:
+    x = n[0]
+    k = int(n.host(1).item()) if n[1] is not None else 0
+    return x.triu(k) if n.get("upper", 1) else x.tril(k)
+
+
+@op("NonZero", 9, 13)
+def _nonzero(n: Node) -> Tensor:
+    return Tensor(np.array(np.nonzero(n.host(0)), dtype=np.int64).reshape(n[0].ndim, -1), device=n.device)
+
+
+@op("OneHot", 9, 11)
+def _onehot(n: Node) -> Tensor:
+    idx, depth, values = n[0], int(n.host(1).reshape(-1)[0]), n[2]
+    axis = n.get("axis", -1)
+    idx = idx.cast(dtypes.int64)
+    idx = (idx < 0).where(idx + depth, idx)
+    rank = idx.ndim + 1
+    axis = norm_axis(axis, rank)
+    pos = Tensor.arange(depth, device=n.device, dtype=dtypes.int64)
+    pos = pos.reshape(tuple([depth if i == axis else 1 for i in range(rank)]))
+    hit = pos == idx.unsqueeze(axis)
+    off, on = values[0], values[1]
+    return hit.where(on, off)
+
+
+@op("DepthToSpace", 1, 11, 13)
+def _d2s(n: Node) -> Tensor:
+    x, bs = n[0], n.get("blocksize")
+    b, c, h, w = x.shape
+    if n.get("mode", "DCR") == "DCR":
+        y = x.reshape(b, bs, bs, c // (bs * bs), h, w).permute(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(b, c // (bs * bs), bs, bs, h, w).permute(0, 1, 4, 2, 5, 3)
+    return y.reshape(b, c // (bs * bs), h * bs, w * bs)
+
+
+@op("SpaceToDepth", 1, 13)
+def _s2d(n: Node) -> Tensor:
+    x, bs = n[0], n.get("blocksize")
+    b, c, h, w = x.shape
+    y = x.reshape(b, c, h // bs, bs, w // bs, bs).permute(0, 3, 5, 1, 2, 4)
+    return y.reshape(b, c * bs * bs, h // bs, w // bs)
+
+
+# ***** control flow: the condition or trip count is read on the host when the node runs *****
+
+
+@op("If", 1, 11, 13, 16, 19, 21)
+def _if(n: Node) -> list:
+    branch = n.attrs["then_branch"] if bool(n.host(0).reshape(-1)[0]) else n.attrs["else_branch"]
+    return n.run_graph(branch, {})
