@@ -418,7 +418,7 @@ def _gmp(n: Node) -> Tensor:
 # ***** normalization *****
 
 
-@op("BatchNormalization", 7, 9, 14, 15)
+@op("BatchNormalization", 1, 6, 7, 9, 14, 15)
 def _batchnorm(n: Node) -> Tensor:
     x, scale, bias, mean, var = n.inputs[:5]
     if n.get("training_mode", 0):
