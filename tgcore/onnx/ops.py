@@ -745,7 +745,7 @@ def _gather(n: Node) -> Tensor:
         return _known(n, np.take(n.known[id(x)], n.known[id(idx)], axis=axis))
     flat = _gather_index(idx, x.shape[axis]).reshape(-1)
     out = x[(slice(None),) * axis + (flat,)]
-    return out.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
+    return out.reshape(tuple([*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]]))
 
 
 @op("GatherElements", 11, 13)
