@@ -137,6 +137,8 @@ def _hardsigmoid(n: Node) -> Tensor:
 @op("PRelu", 1)
 def _prelu(n: Node) -> Tensor:
     x, slope = n[0], n[1]
+    if slope.ndim == 1 and x.ndim >= 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        slope = slope.reshape(-1, *([1] * (x.ndim - 2)))  # one slope per channel (what exporters mean by shape (C,))
     return (x < 0).where(x * slope, x)
 
 
@@ -507,6 +509,11 @@ def _reduce(kind: str, axes_input_since: int):  # noqa: ANN202
                 return x
             axes = list(range(x.ndim))
         ax = tuple(norm_axis(a, x.ndim) for a in axes)
+        if kind in ("ReduceMax", "ReduceMin", "ReduceLogSumExp") and any(x.shape[a] == 0 for a in ax):
+            # the spec's empty set: the type's lowest value for a max (-inf, False), its highest for a min
+            shape = tuple(1 if i in ax else s for i, s in enumerate(x.shape) if keep or i not in ax)
+            lo, hi = (-math.inf, math.inf) if dtypes.is_float(x.dtype) else (dtypes.min(x.dtype), dtypes.max(x.dtype))
+            return Tensor.full(shape, hi if kind == "ReduceMin" else lo, dtype=x.dtype, device=x.device)
         if kind == "ReduceSum":
             return x.sum(ax, keepdim=keep)
         if kind == "ReduceMean":
@@ -880,3 +887,238 @@ def _s2d(n: Node) -> Tensor:
 def _if(n: Node) -> list:
     branch = n.attrs["then_branch"] if bool(n.host(0).reshape(-1)[0]) else n.attrs["else_branch"]
     return n.run_graph(branch, {})
+
+
+# ***** opsets before 7: binary ops broadcast only with broadcast=1, B aligned at `axis` (or at the end) *****
+
+
+def _legacy_b(n: Node, a: Tensor, b: Tensor) -> Tensor:
+    """B shaped to broadcast against A the pre-opset-7 way: its dims line up with A's from `axis` (default: the end)."""
+    if not n.get("broadcast", 0) or b.shape == a.shape:
+        return b
+    axis = n.get("axis")
+    if axis is None:
+        return b
+    axis = norm_axis(axis, a.ndim)
+    return b.reshape((1,) * axis + tuple(b.shape) + (1,) * (a.ndim - axis - b.ndim))
+
+
+def _legacy_binary(fn):  # noqa: ANN001, ANN202
+    return lambda n: _same(n[0], fn(n[0], _legacy_b(n, n[0], n[1])))
+
+
+for _name, _fn in {"Add": Tensor.add, "Sub": Tensor.sub, "Mul": Tensor.mul}.items():
+    op(_name, 1)(_legacy_binary(_fn))
+op("Div", 1)(lambda n: _div(Node(n.op_type, n.opset, [n[0], _legacy_b(n, n[0], n[1])], {}, n.device, 1, n.known)))
+op("Pow", 1)(lambda n: _pow(Node(n.op_type, n.opset, [n[0], _legacy_b(n, n[0], n[1])], {}, n.device, 1, n.known)))
+op("Gemm", 1)(_gemm)  # (broadcast of C is numpy's either way for the shapes Gemm allows)
+for _name, _fn in {"Max": Tensor.maximum, "Min": Tensor.minimum, "Sum": Tensor.add, "Mean": Tensor.add}.items():
+    op(_name, 1)(_variadic(_name, _fn))  # (same shapes before opset 8; numpy broadcasting covers that)
+
+
+# ***** more elementwise *****
+
+
+def _atan(x: Tensor) -> Tensor:
+    """atan by three half-angle steps, atan(x) = 2 atan(x / (1 + sqrt(1 + x^2))), to |x| < 0.2, then its series."""
+    for _ in range(3):
+        x = x / (1 + (1 + x * x).sqrt())
+    x2 = x * x
+    return 8 * x * (1 + x2 * (-1 / 3 + x2 * (1 / 5 + x2 * (-1 / 7 + x2 * (1 / 9 - x2 / 11)))))
+
+
+def _asin(x: Tensor) -> Tensor:
+    return 2 * _atan(x / (1 + (1 - x * x).sqrt()))  # (finite at x = +-1, unlike x / sqrt(1 - x^2))
+
+
+op("Atan", 7)(lambda n: _atan(n[0]))
+op("Asin", 7)(lambda n: _asin(n[0]))
+op("Acos", 7)(lambda n: math.pi / 2 - _asin(n[0]))
+
+
+@op("Swish", 24)
+def _swish(n: Node) -> Tensor:
+    x = n[0]
+    return x * (x * n.get("alpha", 1.0)).sigmoid()
+
+
+@op("Shrink", 9)
+def _shrink(n: Node) -> Tensor:
+    x, lambd, bias = n[0], n.get("lambd", 0.5), n.get("bias", 0.0)
+    return _same(x, (x < -lambd).where(x + bias, (x > lambd).where(x - bias, 0)))
+
+
+# ***** normalization and losses *****
+
+
+@op("RMSNormalization", 23)
+def _rmsnorm(n: Node) -> Tensor:
+    x, scale = n[0], n[1]
+    axes = tuple(range(norm_axis(n.get("axis", -1), x.ndim), x.ndim))
+    xf = x.cast(dtypes.float32) if n.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
+    y = xf * ((xf * xf).mean(axes, keepdim=True) + n.get("epsilon", 1e-5)).rsqrt()
+    return y.cast(x.dtype) * scale
+
+
+def _nll(n: Node, logp: Tensor, target: Tensor, weight: Optional[Tensor]) -> Tensor:
+    """-logp[n, target[n, ...], ...] * weight[target], reduced as `reduction` says; ignore_index counts for nothing."""
+    c = logp.shape[1]
+    classes = Tensor.arange(c, device=n.device, dtype=target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
+    hit = (target.unsqueeze(1) == classes).cast(logp.dtype)
+    w = hit if weight is None else hit * weight.cast(logp.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
+    w = w.sum(1)
+    if (ignore := n.get("ignore_index")) is not None:
+        w = (target == ignore).where(0, w)
+    loss = -(logp * hit).sum(1) * w
+    reduction = n.get("reduction", "mean")
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction != "mean":
+        raise n.unsupported(f"reduction {reduction!r}: expected none, sum or mean")
+    return loss.sum() / w.sum()
+
+
+@op("NegativeLogLikelihoodLoss", 12, 13, 22)
+def _nll_loss(n: Node) -> Tensor:
+    return _nll(n, n[0], n[1], n[2])
+
+
+@op("SoftmaxCrossEntropyLoss", 12, 13)
+def _sce_loss(n: Node) -> tuple:
+    logp = n[0].log_softmax(1)
+    return _nll(n, logp, n[1], n[2]), logp
+
+
+# ***** scans, sorting, scattering *****
+
+
+def _shifted(x: Tensor, axis: int, by: int, fill: float) -> Tensor:
+    """x moved `by` places up along axis, the first `by` filled with `fill`."""
+    size = x.shape[axis]
+    if by >= size:
+        return x.full_like(fill)
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (by, 0)
+    keep = [(0, s) for s in x.shape]
+    keep[axis] = (0, size)
+    return x.pad(tuple(pad), value=fill).shrink(tuple(keep))
+
+
+@op("CumProd", 26)
+def _cumprod(n: Node) -> Tensor:
+    x, axis = n[0], norm_axis(int(n.host(1).item()), n[0].ndim)
+    if n.get("reverse", 0):
+        x = x.flip(axis)
+    if n.get("exclusive", 0):
+        x = _shifted(x, axis, 1, 1)
+    by = 1
+    while by < x.shape[axis]:  # Hillis-Steele: after the step of `by`, each holds the product of 2*by before it
+        x = x * _shifted(x, axis, by, 1)
+        by *= 2
+    return x.flip(axis) if n.get("reverse", 0) else x
+
+
+@op("EyeLike", 9)
+def _eyelike(n: Node) -> Tensor:
+    rows, cols = n[0].shape
+    dt = onnx_to_dtype(n.get("dtype"), n.op_type, n.opset) if n.get("dtype") is not None else n[0].dtype
+    return _known(n, np.eye(rows, cols, k=n.get("k", 0), dtype=dt.np))
+
+
+@op("TopK", 1, 10, 11)
+def _topk(n: Node) -> tuple:
+    x = n[0]
+    k = n.get("k") if n.opset < 10 else n.ints(1)[0]
+    axis = norm_axis(n.get("axis", -1), x.ndim)
+    largest = n.opset < 11 or bool(n.get("largest", 1))
+    y = x if largest else -x
+    low = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+    vals, idxs = [], []
+    for _ in range(k):  # k rounds of argmax, each masking what it took (the first of equal values wins)
+        i = y.argmax(axis, keepdim=True)
+        vals.append(y.max(axis, keepdim=True))
+        idxs.append(i.cast(dtypes.int64))
+        pos = Tensor.arange(x.shape[axis], device=x.device).reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+        y = (pos == i).where(low, y)
+    if k == 0:
+        shape = [0 if a == axis else s for a, s in enumerate(x.shape)]
+        return x.shrink(tuple((0, s) for s in shape)), Tensor.empty(*shape, dtype=dtypes.int64, device=x.device)
+    v = vals[0].cat(*vals[1:], dim=axis) if k > 1 else vals[0]
+    i = idxs[0].cat(*idxs[1:], dim=axis) if k > 1 else idxs[0]
+    return _same(x, v if largest else -v), i
+
+
+def _scatter_axis(n: Node, data: Tensor, idx: Tensor, upd: Tensor, axis: int, reduction: str) -> Tensor:
+    """data with updates written along `axis` at idx: one-hot masks of the targets, reduced over the sources."""
+    d = data.shape[axis]
+    idx = _gather_index(idx, d)
+    # sources padded to data's shape on the other axes (a pad never hits: its mask is all false)
+    grow = tuple((0, 0) if a == axis else (0, data.shape[a] - s) for a, s in enumerate(idx.shape))
+    pos = Tensor.arange(d, device=data.device, dtype=idx.dtype).reshape((1,) * idx.ndim + (d,))
+    hit = idx.pad(grow, value=-1).unsqueeze(-1) == pos  # source shape + (d,)
+    src = upd.pad(grow).unsqueeze(-1)
+    move = lambda t: t.permute([*range(axis), t.ndim - 1, *range(axis, t.ndim - 1)])  # noqa: E731 (d into axis)
+    any_hit = move(hit.max(axis))
+    if reduction == "mul":
+        prod = _prod(hit.where(src, 1).cast(data.dtype), (axis,), False)
+        return data * move(prod)
+    if reduction in ("max", "min"):
+        low = -math.inf if dtypes.is_float(data.dtype) else dtypes.min(data.dtype)
+        if reduction == "max":
+            m = hit.where(src, low).max(axis)
+            return any_hit.where(data.maximum(move(m)), data)
+        m = -(hit.where(-src, low).max(axis))
+        return any_hit.where(data.minimum(move(m)), data)
+    total = move(hit.where(src, 0).sum(axis)).cast(data.dtype)
+    if reduction == "add":
+        return data + total
+    if reduction != "none":
+        raise n.unsupported(f"reduction {reduction!r}: expected none, add, mul, max or min")
+    return any_hit.where(total, data)
+
+
+@op("ScatterElements", 11, 13, 16, 18)
+def _scatter_elements(n: Node) -> Tensor:
+    data = n[0]
+    return _scatter_axis(n, data, n[1], n[2], norm_axis(n.get("axis", 0), data.ndim), n.get("reduction", "none"))
+
+
+op("Scatter", 9)(_scatter_elements)
+
+
+def _linear_index(idx: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """The row-major position, within `dims`, of each index tuple along idx's last axis (negatives wrap)."""
+    out = None
+    for j, d in enumerate(dims):
+        part = _gather_index(idx[..., j], d) * math.prod(dims[j + 1 :])
+        out = part if out is None else out + part
+    return out
+
+
+@op("ScatterND", 11, 13, 16, 18)
+def _scatter_nd(n: Node) -> Tensor:
+    data, idx, upd = n[0], n[1].cast(dtypes.int64), n[2]
+    k = idx.shape[-1]
+    rest = data.shape[k:]
+    lin = _linear_index(idx, tuple(data.shape[:k])).reshape(-1, *([1] * len(rest)))
+    flat = data.reshape(-1, *rest)
+    src = upd.reshape(-1, *rest)
+    out = _scatter_axis(n, flat, lin.expand(lin.shape[0], *rest), src, 0, n.get("reduction", "none"))
+    return out.reshape(data.shape)
+
+
+@op("GatherND", 11, 12, 13)
+def _gather_nd(n: Node) -> Tensor:
+    data, idx = n[0], n[1].cast(dtypes.int64)
+    b, k = n.get("batch_dims", 0), idx.shape[-1]
+    bshape = tuple(data.shape[:b])
+    lin = _linear_index(idx, tuple(data.shape[b : b + k]))
+    if b:
+        batch = Tensor.arange(math.prod(bshape), device=n.device, dtype=dtypes.int64).reshape(
+            bshape + (1,) * (idx.ndim - 1 - b)
+        )
+        lin = lin + batch * math.prod(data.shape[b : b + k])
+    flat = data.reshape(-1, *data.shape[b + k :])
+    return flat[lin.reshape(-1)].reshape(*idx.shape[:-1], *data.shape[b + k :])
