@@ -1122,3 +1122,83 @@ def _gather_nd(n: Node) -> Tensor:
         lin = lin + batch * math.prod(data.shape[b : b + k])
     flat = data.reshape(-1, *data.shape[b + k :])
     return flat[lin.reshape(-1)].reshape(*idx.shape[:-1], *data.shape[b + k :])
+
+
+# ***** attention (opset 23 on) *****
+
+
+def _heads(x: Tensor, heads: int) -> Tensor:
+    """(batch, seq, heads * size) as (batch, heads, seq, size)."""
+    b, s, hidden = x.shape
+    return x.reshape(b, s, heads, hidden // heads).permute(0, 2, 1, 3)
+
+
+@op("Attention", 23, 24, 25)
+def _attention(n: Node) -> tuple:
+    q, k, v, mask, past_k, past_v = (n[i] for i in range(6))
+    nonpad = n[6] if n.opset >= 24 else None
+    three_d = q.ndim == 3
+    if three_d:
+        q, k, v = _heads(q, n.get("q_num_heads")), _heads(k, n.get("kv_num_heads")), _heads(v, n.get("kv_num_heads"))
+    present_k = k if past_k is None else past_k.cat(k, dim=2)
+    present_v = v if past_v is None else past_v.cat(v, dim=2)
+    k, v = present_k, present_v
+    sq, skv, dt = q.shape[2], k.shape[2], q.dtype
+    # the additive bias: 0 where a query may attend a key, -inf where not
+    bias: Optional[Tensor] = None
+    if mask is not None:
+        if mask.shape[-1] < skv:  # a shorter mask covers the first keys; the rest are masked out
+            fill = False if mask.dtype == dtypes.bool else -math.inf
+            mask = mask.pad(((0, 0),) * (mask.ndim - 1) + ((0, skv - mask.shape[-1]),), value=fill)
+        bias = mask.where(0.0, -math.inf).cast(dt) if mask.dtype == dtypes.bool else mask.cast(dt)
+    cols = Tensor.arange(skv, device=n.device).reshape(1, skv)
+    rows = Tensor.arange(sq, device=n.device).reshape(sq, 1)
+    # query i stands at i + offset among the keys: after the past ones, or bottom-right of the valid ones
+    if nonpad is not None and past_k is None:
+        offset = (nonpad.cast(dtypes.int32) - sq).reshape(-1, 1, 1, 1)
+    else:
+        offset = past_k.shape[2] if past_k is not None else 0
+    left, right = n.get("left_window_size", -1), n.get("right_window_size", -1)
+    if left >= 0 or right >= 0:  # a sliding window: keys within left before and right after the query
+        diff = rows + offset - cols
+        ok = diff <= left if left >= 0 else None
+        if right >= 0:
+            ok = -diff <= right if ok is None else ok & (-diff <= right)
+        window = ok.where(0.0, -math.inf).cast(dt)
+        bias = window if bias is None else bias + window
+    if n.get("is_causal", 0):
+        causal = (cols <= rows + offset).where(0.0, -math.inf).cast(dt)
+        bias = causal if bias is None else bias + causal
+    if nonpad is not None:
+        pad = (cols.reshape(1, skv) < nonpad.cast(dtypes.int32).reshape(-1, 1)).where(0.0, -math.inf).cast(dt)
+        pad = pad.reshape(-1, 1, 1, skv)
+        bias = pad if bias is None else bias + pad
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk and hq % hk == 0:  # grouped-query attention: each kv head serves hq / hk query heads in turn
+        rep = hq // hk
+        k = k.unsqueeze(2).expand(k.shape[0], hk, rep, *k.shape[2:]).reshape(k.shape[0], hq, *k.shape[2:])
+        v = v.unsqueeze(2).expand(v.shape[0], hk, rep, *v.shape[2:]).reshape(v.shape[0], hq, *v.shape[2:])
+    scale = n.get("scale")
+    scale = math.sqrt(1 / math.sqrt(q.shape[3]) if scale is None else scale)  # split between q and k, as the spec
+    qk = (q * scale).matmul((k * scale).transpose(-1, -2))
+    if (cap := n.get("softcap", 0.0)) and cap > 0:
+        qk = (qk / cap).tanh() * cap
+    mode = n.get("qk_matmul_output_mode", 0)
+    logits = qk if bias is None else qk + bias
+    qk_out = logits if mode == 2 else qk
+    if (prec := n.get("softmax_precision")) is not None:
+        logits = logits.cast(onnx_to_dtype(prec, n.op_type, n.opset))
+    top = logits.max(-1, keepdim=True)
+    top = (top == -math.inf).where(0, top)
+    e = (logits - top).exp()
+    total = e.sum(-1, keepdim=True)
+    probs = e / (total == 0).where(1, total)
+    if bias is not None:  # a row whose every key is masked attends to nothing: zeros
+        blocked = bias.max(-1, keepdim=True) == -math.inf
+        probs = blocked.where(0, probs)
+    if mode == 3:
+        qk_out = probs
+    y = probs.cast(dt).matmul(v)
+    if three_d:
+        y = y.permute(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
+    return y, present_k, present_v, qk_out.cast(dt)
