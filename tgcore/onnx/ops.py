@@ -262,7 +262,7 @@ def _where(n: Node) -> Tensor:
 
 @op("MatMul", 1)
 def _matmul(n: Node) -> Tensor:
-    return n[0].matmul(n[1])
+    return _mm_wide(n[0], n[1])
 
 
 @op("Gemm", 7)
@@ -1133,6 +1133,13 @@ def _heads(x: Tensor, heads: int) -> Tensor:
     return x.reshape(b, s, heads, hidden // heads).permute(0, 2, 1, 3)
 
 
+def _mm_wide(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b summed in float32 for half types (as numpy does), rounded back once."""
+    if a.dtype in (dtypes.float16, dtypes.bfloat16):
+        return a.cast(dtypes.float32).matmul(b.cast(dtypes.float32)).cast(a.dtype)
+    return a.matmul(b)
+
+
 @op("Attention", 23, 24, 25)
 def _attention(n: Node) -> tuple:
     q, k, v, mask, past_k, past_v = (n[i] for i in range(6))
@@ -1180,7 +1187,7 @@ def _attention(n: Node) -> tuple:
         v = v.unsqueeze(2).expand(v.shape[0], hk, rep, *v.shape[2:]).reshape(v.shape[0], hq, *v.shape[2:])
     scale = n.get("scale")
     scale = math.sqrt(1 / math.sqrt(q.shape[3]) if scale is None else scale)  # split between q and k, as the spec
-    qk = (q * scale).matmul((k * scale).transpose(-1, -2))
+    qk = _mm_wide(q * scale, (k * scale).transpose(-1, -2))
     if (cap := n.get("softcap", 0.0)) and cap > 0:
         qk = (qk / cap).tanh() * cap
     mode = n.get("qk_matmul_output_mode", 0)
@@ -1198,7 +1205,153 @@ def _attention(n: Node) -> tuple:
         probs = blocked.where(0, probs)
     if mode == 3:
         qk_out = probs
-    y = probs.cast(dt).matmul(v)
+    y = _mm_wide(probs.cast(dt), v)
     if three_d:
         y = y.permute(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
     return y, present_k, present_v, qk_out.cast(dt)
+
+
+# ***** Resize / Upsample: separable, one host-built (out, in) weight matrix per resized axis *****
+
+
+def _cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
+    t = np.abs(t)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _source_coord(n: Node, mode: str, x: np.ndarray, scale: float, size: int, out: int, roi: tuple) -> np.ndarray:
+    """Where each output position x samples the input, by coordinate_transformation_mode."""
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        adj = out / (scale * size)
+        return size / 2 * (1 - adj) + (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out > 1 else np.zeros_like(x)
+    if mode == "align_corners":
+        return np.zeros_like(x) if out == 1 else x * (size - 1) / (out - 1)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_crop_and_resize":
+        start, end = roi
+        if out > 1:
+            return start * (size - 1) + x * (end - start) * (size - 1) / (out - 1)
+        return np.full_like(x, 0.5 * (start + end) * (size - 1))
+    raise n.unsupported(f"coordinate_transformation_mode {mode!r} is not one the spec names")
+
+
+def _resize_weights(n: Node, size: int, out: int, scale: float, roi: tuple, opts: dict) -> tuple:
+    """(out, in) weights, and which outputs fall outside the input (tf_crop_and_resize's extrapolation)."""
+    x = _source_coord(n, opts["coord"], np.arange(out, dtype=np.float64), scale, size, out, roi)
+    w = np.zeros((out, size), np.float64)
+    outside = (x < 0) | (x > size - 1) if opts["coord"] == "tf_crop_and_resize" else np.zeros(out, bool)
+    mode = opts["mode"]
+    if mode == "nearest":
+        nm, fl = opts["nearest_mode"], np.floor(x)
+        if nm == "round_prefer_floor":
+            j = np.where(x - fl == 0.5, fl, np.round(x))
+        elif nm == "round_prefer_ceil":
+            j = np.where(x - fl == 0.5, fl + 1, np.round(x))
+        elif nm == "floor":
+            j = fl
+        elif nm == "ceil":
+            j = np.ceil(x)
+        else:
+            raise n.unsupported(f"nearest_mode {nm!r}: expected round_prefer_floor/ceil, floor or ceil")
+        w[np.arange(out), np.clip(j, 0, size - 1).astype(np.int64)] = 1
+    else:
+        if mode == "linear":
+            kernel, radius = (lambda t: np.maximum(0.0, 1 - np.abs(t))), 1
+        elif mode == "cubic":
+            kernel, radius = (lambda t: _cubic_kernel(t, opts["cubic_a"])), 2
+        else:
+            raise n.unsupported(f"mode {mode!r}: expected nearest, linear or cubic")
+        stretch = scale if opts["antialias"] and scale < 1 else 1.0  # antialias widens the filter by 1 / scale
+        reach = radius / stretch
+        for o in range(out):
+            if stretch < 1:
+                js = np.arange(math.ceil(x[o] - reach), math.floor(x[o] + reach) + 1)
+            else:
+                js = np.arange(math.floor(x[o]) - radius + 1, math.floor(x[o]) + radius + 1)
+            ws = kernel((x[o] - js) * stretch)
+            inside = (js >= 0) & (js < size)
+            if stretch < 1 or opts["exclude_outside"]:
+                js, ws = js[inside], ws[inside]
+                ws = ws / ws.sum() if ws.sum() else ws
+            np.add.at(w[o], np.clip(js, 0, size - 1), ws)
+    w[outside] = 0
+    return w, outside
+
+
+def _resize(
+    n: Node, x: Tensor, scales: Optional[list], sizes: Optional[list], roi: Optional[list], opts: dict
+) -> Tensor:
+    axes = opts["axes"] or list(range(x.ndim))
+    axes = [norm_axis(a, x.ndim) for a in axes]
+    k = len(axes)
+    if sizes:
+        policy = opts["policy"]
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            s = pick(sizes[i] / x.shape[a] for i, a in enumerate(axes))
+            sizes = [int(math.floor(s * x.shape[a] + 0.5)) for a in axes]
+            scales = [s] * k
+        else:
+            scales = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
+    else:
+        if len(scales) != k:
+            raise n.unsupported(f"{len(scales)} scales for {k} axes")
+        sizes = [int(math.floor(x.shape[a] * s)) for a, s in zip(axes, scales)]
+    rois = [(0.0, 1.0)] * k
+    if roi and len(roi) == 2 * (len(opts["axes"]) if opts["axes"] else x.ndim):
+        rois = [(roi[i], roi[i + k]) for i in range(k)]
+    float_x = dtypes.is_float(x.dtype)
+    y = x if float_x else x.cast(dtypes.float32)
+    for (a, size, scale), r in zip(zip(axes, sizes, scales), rois):
+        if size == x.shape[a] and scale == 1 and opts["coord"] != "tf_crop_and_resize":
+            continue
+        w, outside = _resize_weights(n, x.shape[a], size, scale, r, opts)
+        wt = Tensor(w.T.astype(np.float32 if y.dtype != dtypes.float64 else np.float64), device=n.device)
+        moved = y.transpose(a, -1)
+        z = _mm_wide(moved, wt.cast(y.dtype))
+        if outside.any():
+            z = z + Tensor(outside.astype(np.float32) * opts["extrapolation"], device=n.device).cast(y.dtype)
+        y = z.transpose(a, -1)
+    if not float_x:  # integers: the nearest value (the spec's reference rounds)
+        y = y.round().cast(x.dtype) if opts["mode"] != "nearest" else y.cast(x.dtype)
+    return y
+
+
+@op("Resize", 10, 11, 13, 18, 19)
+def _resize_op(n: Node) -> Tensor:
+    x = n[0]
+    old = n.opset < 11
+    opts = {
+        "mode": n.get("mode", "nearest"),
+        "coord": "asymmetric" if old else n.get("coordinate_transformation_mode", "half_pixel"),
+        "nearest_mode": "floor" if old else n.get("nearest_mode", "round_prefer_floor"),
+        "cubic_a": n.get("cubic_coeff_a", -0.75),
+        "exclude_outside": n.get("exclude_outside", 0),
+        "extrapolation": n.get("extrapolation_value", 0.0),
+        "antialias": n.get("antialias", 0),
+        "axes": n.get("axes"),
+        "policy": n.get("keep_aspect_ratio_policy", "stretch"),
+    }
+    if old:
+        scales, sizes, roi = n.host(1), None, None
+    else:
+        roi_v, scales, sizes = n.host(1), n.host(2), n.host(3)
+        roi = None if roi_v is None or roi_v.size == 0 else [float(v) for v in roi_v.reshape(-1)]
+    scales = None if scales is None or scales.size == 0 else [float(v) for v in scales.reshape(-1)]
+    sizes = None if sizes is None or sizes.size == 0 else [int(v) for v in sizes.reshape(-1)]
+    return _resize(n, x, scales, sizes, roi, opts)
+
+
+@op("Upsample", 7, 9)
+def _upsample(n: Node) -> Tensor:
+    scales = n.get("scales") if n.opset < 9 else [float(v) for v in n.host(1).reshape(-1)]
+    opts = {"mode": n.get("mode", "nearest"), "coord": "asymmetric", "nearest_mode": "floor", "cubic_a": -0.75,
+            "exclude_outside": 0, "extrapolation": 0.0, "antialias": 0, "axes": None, "policy": "stretch"}  # fmt: skip
+    return _resize(n, n[0], list(scales), None, None, opts)
