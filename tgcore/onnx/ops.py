@@ -1222,11 +1222,13 @@ def _cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
 
 
 def _source_coord(n: Node, mode: str, x: np.ndarray, scale: float, size: int, out: int, roi: tuple) -> np.ndarray:
-    """Where each output position x samples the input, by coordinate_transformation_mode."""
+    """Where each output position x samples the input, by coordinate_transformation_mode.
+
+    `out` here is the unrounded output length, scale * size, as the spec's formulas read it."""
     if mode == "half_pixel":
         return (x + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
-        adj = out / (scale * size)
+        adj = math.floor(out) / out
         return size / 2 * (1 - adj) + (x + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if out > 1 else np.zeros_like(x)
@@ -1244,7 +1246,7 @@ def _source_coord(n: Node, mode: str, x: np.ndarray, scale: float, size: int, ou
 
 def _resize_weights(n: Node, size: int, out: int, scale: float, roi: tuple, opts: dict) -> tuple:
     """(out, in) weights, and which outputs fall outside the input (tf_crop_and_resize's extrapolation)."""
-    x = _source_coord(n, opts["coord"], np.arange(out, dtype=np.float64), scale, size, out, roi)
+    x = _source_coord(n, opts["coord"], np.arange(out, dtype=np.float64), scale, size, scale * size, roi)
     w = np.zeros((out, size), np.float64)
     outside = (x < 0) | (x > size - 1) if opts["coord"] == "tf_crop_and_resize" else np.zeros(out, bool)
     mode = opts["mode"]
@@ -1269,18 +1271,16 @@ def _resize_weights(n: Node, size: int, out: int, scale: float, roi: tuple, opts
         else:
             raise n.unsupported(f"mode {mode!r}: expected nearest, linear or cubic")
         stretch = scale if opts["antialias"] and scale < 1 else 1.0  # antialias widens the filter by 1 / scale
-        reach = radius / stretch
+        first = math.floor(-radius / stretch) + 1
         for o in range(out):
-            if stretch < 1:
-                js = np.arange(math.ceil(x[o] - reach), math.floor(x[o] + reach) + 1)
-            else:
-                js = np.arange(math.floor(x[o]) - radius + 1, math.floor(x[o]) + radius + 1)
+            js = math.floor(x[o]) + np.arange(first, 2 - first)
             ws = kernel((x[o] - js) * stretch)
-            inside = (js >= 0) & (js < size)
-            if stretch < 1 or opts["exclude_outside"]:
-                js, ws = js[inside], ws[inside]
+            if stretch < 1:
+                ws = ws / ws.sum()
+            if opts["exclude_outside"]:
+                ws = np.where((js >= 0) & (js < size), ws, 0.0)
                 ws = ws / ws.sum() if ws.sum() else ws
-            np.add.at(w[o], np.clip(js, 0, size - 1), ws)
+            np.add.at(w[o], np.clip(js, 0, size - 1), ws)  # (beyond the edges: the edge value)
     w[outside] = 0
     return w, outside
 
