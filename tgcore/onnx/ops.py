@@ -1355,3 +1355,136 @@ def _upsample(n: Node) -> Tensor:
     opts = {"mode": n.get("mode", "nearest"), "coord": "asymmetric", "nearest_mode": "floor", "cubic_a": -0.75,
             "exclude_outside": 0, "extrapolation": 0.0, "antialias": 0, "axes": None, "policy": "stretch"}  # fmt: skip
     return _resize(n, n[0], list(scales), None, None, opts)
+
+
+# ***** transformer pieces, windows, more normalization *****
+
+
+@op("RotaryEmbedding", 23)
+def _rotary(n: Node) -> Tensor:
+    x, cos, sin, pos = n[0], n[1], n[2], n[3]
+    four_d = x.ndim == 4
+    if four_d:  # (batch, heads, seq, head size) -> (batch, seq, heads, head size)
+        x = x.permute(0, 2, 1, 3)
+    else:
+        heads = n.get("num_heads", 0)
+        if not heads:
+            raise n.unsupported("a 3-D input needs num_heads")
+        x = x.reshape(x.shape[0], x.shape[1], heads, -1)
+    if pos is not None:  # caches indexed by position: (max position, rot / 2) -> (batch, seq, rot / 2)
+        flat = pos.reshape(-1)
+        cos = cos[flat].reshape(*pos.shape, cos.shape[-1])
+        sin = sin[flat].reshape(*pos.shape, sin.shape[-1])
+    rot = n.get("rotary_embedding_dim", 0) or x.shape[-1]
+    cos, sin = cos[..., : rot // 2].unsqueeze(2), sin[..., : rot // 2].unsqueeze(2)
+    xr, rest = x[..., :rot], x[..., rot:]
+    if n.get("interleaved", 0):
+        pairs = xr.reshape(*xr.shape[:-1], rot // 2, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+    else:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2 :]
+    re, im = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if n.get("interleaved", 0):
+        out = re.unsqueeze(-1).cat(im.unsqueeze(-1), dim=-1).reshape(*xr.shape)
+    else:
+        out = re.cat(im, dim=-1)
+    if rest.shape[-1]:
+        out = out.cat(rest, dim=-1)
+    out = out.cast(n[0].dtype)
+    return out.permute(0, 2, 1, 3) if four_d else out.reshape(n[0].shape)
+
+
+@op("SwiGLU", 28)
+def _swiglu(n: Node) -> Tensor:
+    x, alpha = n[0], n.get("alpha", 1.0)
+    gate, lin = x.chunk(2, -1)
+    return _same(x, gate * (gate * alpha).sigmoid() * lin)
+
+
+def _window(kind: str):  # noqa: ANN202
+    def run(n: Node) -> Tensor:
+        size = int(n.host(0).reshape(-1)[0])
+        denom = size - 1 if n.get("periodic", 1) == 0 else size
+        k = 2 * np.pi * np.arange(size, dtype=np.float64) / max(denom, 1)
+        if kind == "HannWindow":
+            w = 0.5 - 0.5 * np.cos(k)
+        elif kind == "HammingWindow":
+            w = 25 / 46 - (21 / 46) * np.cos(k)
+        else:
+            w = 0.42 - 0.5 * np.cos(k) + 0.08 * np.cos(2 * k)
+        return _known(n, w.astype(onnx_to_dtype(n.get("output_datatype", 1), n.op_type, n.opset).np))
+
+    return run
+
+
+for _name in ("HannWindow", "HammingWindow", "BlackmanWindow"):
+    op(_name, 17)(_window(_name))
+
+
+@op("MeanVarianceNormalization", 9, 13)
+def _mvn(n: Node) -> Tensor:
+    x = n[0]
+    axes = tuple(norm_axis(a, x.ndim) for a in n.get("axes", [0, 2, 3]))
+    d = x - x.mean(axes, keepdim=True)
+    return d / ((d * d).mean(axes, keepdim=True).sqrt() + 1e-9)
+
+
+@op("GroupNormalization", 18, 21)
+def _groupnorm(n: Node) -> Tensor:
+    x, scale, bias, groups = n[0], n[1], n[2], n.get("num_groups")
+    b, c = x.shape[:2]
+    xf = x.cast(dtypes.float32) if n.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
+    g = xf.reshape(b, groups, -1)
+    y = g.layernorm(-1, eps=n.get("epsilon", 1e-5)).reshape(x.shape).cast(x.dtype)
+    shape = (1, c, *([1] * (x.ndim - 2)))
+    if n.opset < 21:  # scale and bias per group before opset 21
+        scale = scale.reshape(groups, 1).expand(groups, c // groups).reshape(c)
+        bias = bias.reshape(groups, 1).expand(groups, c // groups).reshape(c)
+    return y * scale.reshape(shape) + bias.reshape(shape)
+
+
+@op("LRN", 1, 13)
+def _lrn(n: Node) -> Tensor:
+    x, size = n[0], n.get("size")
+    alpha, beta, bias = n.get("alpha", 1e-4), n.get("beta", 0.75), n.get("bias", 1.0)
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = (x * x).pad(((0, 0), (lo, hi)) + ((0, 0),) * (x.ndim - 2))
+    c = x.shape[1]
+    total = sq[:, 0:c]
+    for i in range(1, size):
+        total = total + sq[:, i : i + c]
+    return x / (bias + alpha / size * total).pow(beta)
+
+
+@op("LpPool", 1, 2, 11, 18)
+def _lppool(n: Node) -> Tensor:
+    x, p = n[0], n.get("p", 2)
+    xp, _, kernel, strides, dils = _pool_input(n, x.abs().pow(p), 0.0, True)
+    return xp._pool(tuple(kernel), strides, dils).sum(tuple(range(-len(kernel), 0))).pow(1 / p)
+
+
+@op("Compress", 9, 11)
+def _compress(n: Node) -> Tensor:
+    x, keep = n[0], np.nonzero(n.host(1).reshape(-1))[0]
+    axis = n.get("axis")
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    axis = norm_axis(axis, x.ndim)
+    if keep.size == 0:
+        return x.shrink(tuple((0, 0) if a == axis else (0, s) for a, s in enumerate(x.shape)))
+    return x[(slice(None),) * axis + (Tensor(keep.astype(np.int32), device=n.device),)]
+
+
+@op("ReverseSequence", 10)
+def _reverse_sequence(n: Node) -> Tensor:
+    x, lens = n[0], n[1].cast(dtypes.int32)
+    baxis, taxis = n.get("batch_axis", 1), n.get("time_axis", 0)
+    t = x.shape[taxis]
+    shape = [1] * x.ndim
+    shape[taxis] = t
+    pos = Tensor.arange(t, device=n.device, dtype=dtypes.int32).reshape(shape)
+    lshape = [1] * x.ndim
+    lshape[baxis] = x.shape[baxis]
+    lens = lens.reshape(lshape)
+    src = (pos < lens).where(lens - 1 - pos, pos)  # the first len steps reversed, the rest kept
+    return x.gather(taxis, src.expand(x.shape))
