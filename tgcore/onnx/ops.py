@@ -195,15 +195,25 @@ def _mod(n: Node) -> Tensor:
         if dtypes.is_float(a.dtype):
             return a - (a / b).trunc() * b
         return a - a.div(b, upcast=False) * b
-    return a.mod(b)
+    return _same(a, a.mod(b))
 
 
 @op("Pow", 7)
 def _pow(n: Node) -> Tensor:
     a, b = n[0], n[1]
     if dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype):
-        return a.cast(dtypes.float64).pow(b.cast(dtypes.float64)).cast(a.dtype)
+        return _int_pow(a, b, int(max(1, n.host(1).max(initial=1))))
     return a.pow(b.cast(a.dtype) if dtypes.is_float(a.dtype) else b).cast(a.dtype)
+
+
+def _int_pow(a: Tensor, e: Tensor, top: int) -> Tensor:
+    """a ** e in a's integer type, exact (and wrapping as C does), by squaring over the bits of e up to `top`."""
+    out, base = a.ones_like(), a
+    e = e.cast(a.dtype) if e.dtype != a.dtype else e
+    for _ in range(top.bit_length()):
+        out = ((e % 2) == 1).where(out * base, out)
+        base, e = base * base, e.div(2, upcast=False)
+    return out
 
 
 def _binary(fn):  # noqa: ANN001, ANN202
@@ -456,7 +466,7 @@ def _layernorm(n: Node) -> tuple:
 def _lpnorm(n: Node) -> Tensor:
     x, axis, p = n[0], n.get("axis", -1), n.get("p", 2)
     norm = x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt()
-    return x / norm
+    return (norm == 0).where(0, x / norm)  # (a zero vector stays zero)
 
 
 # ***** softmax family: before opset 13 the input is read as 2-D, split at `axis` *****
@@ -779,6 +789,8 @@ def _tile(n: Node) -> Tensor:
 @op("Range", 11)
 def _range(n: Node) -> Tensor:
     start, limit, delta = (n.host(i).item() for i in range(3))
+    if n[0].dtype == dtypes.bfloat16:  # (numpy has no bfloat16: count in float32, round once)
+        return Tensor(np.arange(start, limit, delta, dtype=np.float32), device=n.device).cast(dtypes.bfloat16)
     return Tensor(np.arange(start, limit, delta, dtype=n[0].dtype.np), device=n.device)
 
 
@@ -876,6 +888,9 @@ def _d2s(n: Node) -> Tensor:
 def _s2d(n: Node) -> Tensor:
     x, bs = n[0], n.get("blocksize")
     b, c, h, w = x.shape
+    if n.get("mode", "DCR") == "CRD":  # (the inverse of DepthToSpace's CRD)
+        y = x.reshape(b, c, h // bs, bs, w // bs, bs).permute(0, 1, 3, 5, 2, 4)
+        return y.reshape(b, c * bs * bs, h // bs, w // bs)
     y = x.reshape(b, c, h // bs, bs, w // bs, bs).permute(0, 3, 5, 1, 2, 4)
     return y.reshape(b, c * bs * bs, h // bs, w // bs)
 
@@ -1396,9 +1411,8 @@ def _rotary(n: Node) -> Tensor:
 
 @op("SwiGLU", 28)
 def _swiglu(n: Node) -> Tensor:
-    x, alpha = n[0], n.get("alpha", 1.0)
-    gate, lin = x.chunk(2, -1)
-    return _same(x, gate * (gate * alpha).sigmoid() * lin)
+    gate, lin, alpha = n[0], n[1], n.get("alpha", 1.0)
+    return _same(gate, gate * (gate * alpha).sigmoid() * lin)
 
 
 def _window(kind: str):  # noqa: ANN202
