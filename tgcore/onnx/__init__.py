@@ -20,7 +20,7 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
 from tgcore.device import Device
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import OnnxError, UnsupportedOp
-from tgcore.onnx.registry import REGISTRY, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
+from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
 from tgcore.tensor import Tensor
 
 __all__ = ["OnnxModel", "OnnxError", "UnsupportedOp", "REGISTRY", "run_node"]
@@ -51,7 +51,7 @@ def _opset_of(model: onnx.ModelProto) -> int:
 class _Graph:
     """Runs one GraphProto node by node; subgraphs (If) run through the same loop with the outer values visible."""
 
-    def __init__(self, opset: int, device: str, known: dict[int, np.ndarray]) -> None:
+    def __init__(self, opset: int, device: str, known: Known) -> None:
         self.opset, self.device, self.known = opset, device, known
 
     def run(self, graph: onnx.GraphProto, values: dict[str, Tensor]) -> list[Tensor]:
@@ -59,8 +59,7 @@ class _Graph:
         for init in graph.initializer:  # (a subgraph's own initializers)
             if init.name not in env:
                 arr = numpy_helper.to_array(init)
-                env[init.name] = t = to_tensor(arr, self.device)
-                self.known[id(t)] = arr
+                env[init.name] = self.known.put(to_tensor(arr, self.device), arr)
         for node in graph.node:
             if node.domain not in _DEFAULT_DOMAINS:
                 raise UnsupportedOp(node.op_type, None, f"domain {node.domain!r} is not supported, only ONNX's default")
@@ -97,13 +96,12 @@ class OnnxModel:
             onnx.checker.check_model(model)
         self.proto, self.opset = model, _opset_of(model)
         self.device = Device.canonicalize(device)
-        self.known: dict[int, np.ndarray] = {}
+        self.known = Known()
         graph = model.graph
         self.initializers: dict[str, Tensor] = {}
         for init in graph.initializer:
             arr = numpy_helper.to_array(init)
-            self.initializers[init.name] = t = to_tensor(arr, self.device).realize()
-            self.known[id(t)] = arr
+            self.initializers[init.name] = self.known.put(to_tensor(arr, self.device).realize(), arr)
         self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in graph.output]
         self._input_types = {i.name: i.type for i in graph.input}
@@ -128,7 +126,7 @@ class OnnxModel:
         if unknown:
             raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
         values = {**self.initializers, **{n: self._as_tensor(n, v) for n, v in feed.items()}}
-        known = dict(self.known)
+        known = Known(self.known)
         outs = _Graph(self.opset, self.device, known).run(self.proto.graph, values)
         return {name: t.realize() for name, t in zip(self.output_names, outs)}
 
@@ -141,4 +139,4 @@ def run_node(
     dev = Device.canonicalize(device)
     env = {name: to_tensor(np.asarray(v), dev) for name, v in zip(node.input, inputs) if name}
     graph = helper.make_graph([node], "node", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output])
-    return [to_numpy(t) for t in _Graph(opset, dev, {}).run(graph, env)]
+    return [to_numpy(t) for t in _Graph(opset, dev, Known()).run(graph, env)]

@@ -609,9 +609,7 @@ def _cumsum(n: Node) -> Tensor:
 
 def _known(n: Node, value: np.ndarray) -> Tensor:
     """A tensor of host-known values: later shape-reading ops read the host copy, no kernel runs."""
-    t = to_tensor(value, n.device)
-    n.known[id(t)] = value
-    return t
+    return n.known.put(to_tensor(value, n.device), value)
 
 
 @op("Shape", 1, 15)
@@ -1502,3 +1500,67 @@ def _reverse_sequence(n: Node) -> Tensor:
     lens = lens.reshape(lshape)
     src = (pos < lens).where(lens - 1 - pos, pos)  # the first len steps reversed, the rest kept
     return x.gather(taxis, src.expand(x.shape))
+
+
+# ***** Loop and Scan: the body runs once per iteration, its trip count and condition read on the host *****
+
+
+def _stack(parts: list[Tensor], axis: int = 0) -> Tensor:
+    parts = [p.unsqueeze(axis) for p in parts]
+    return parts[0].cat(*parts[1:], dim=axis) if len(parts) > 1 else parts[0]
+
+
+@op("Loop", 1, 11, 13, 16, 19, 21, 23, 24)
+def _loop(n: Node) -> list:
+    body = n.attrs["body"]
+    trip = n.host(0)
+    trip = None if trip is None else int(trip.reshape(-1)[0])
+    cond = n.host(1)
+    go = True if cond is None else bool(cond.reshape(-1)[0])
+    carried = list(n.inputs[2:])
+    names = [i.name for i in body.input]
+    n_carried = len(carried)
+    scans: list[list[Tensor]] = [[] for _ in range(len(body.output) - 1 - n_carried)]
+    if trip is None and cond is None:
+        raise n.unsupported("a loop with neither a trip count nor a condition would never end")
+    i = 0
+    while go and (trip is None or i < trip):
+        extra = {names[0]: _known(n, np.array(i, dtype=np.int64))}
+        if len(names) > 1 and names[1]:
+            extra[names[1]] = _known(n, np.array(go, dtype=np.bool_))
+        extra.update(zip(names[2:], carried))
+        outs = n.run_graph(body, extra)
+        go = bool(n.host_of(outs[0]).reshape(-1)[0]) if outs[0] is not None else True
+        carried = outs[1 : 1 + n_carried]
+        for s, t in zip(scans, outs[1 + n_carried :]):
+            s.append(t)
+        i += 1
+    stacked = [_stack(s) if s else Tensor.empty(0, device=n.device) for s in scans]
+    return [*carried, *stacked]
+
+
+@op("Scan", 9, 11, 16, 19, 21, 23, 24)
+def _scan(n: Node) -> list:
+    body, k = n.attrs["body"], n.get("num_scan_inputs")
+    states, xs = list(n.inputs[: len(n.inputs) - k]), list(n.inputs[len(n.inputs) - k :])
+    in_axes = [norm_axis(a, x.ndim) for a, x in zip(n.get("scan_input_axes", [0] * k), xs)]
+    in_dirs = n.get("scan_input_directions", [0] * k)
+    steps = xs[0].shape[in_axes[0]]
+    names = [i.name for i in body.input]
+    n_out = len(body.output) - len(states)
+    out_axes, out_dirs = n.get("scan_output_axes", [0] * n_out), n.get("scan_output_directions", [0] * n_out)
+    scans: list[list[Tensor]] = [[] for _ in range(n_out)]
+    for t in range(steps):
+        slices = []
+        for x, a, d in zip(xs, in_axes, in_dirs):
+            j = steps - 1 - t if d else t
+            slices.append(x[(slice(None),) * a + (j,)])
+        outs = n.run_graph(body, dict(zip(names, states + slices)))
+        states = outs[: len(states)]
+        for s, o in zip(scans, outs[len(states) :]):
+            s.append(o)
+    stacked = []
+    for s, a, d in zip(scans, out_axes, out_dirs):
+        s = s[::-1] if d else s
+        stacked.append(_stack(s, norm_axis(a, s[0].ndim + 1)))
+    return [*states, *stacked]

@@ -69,6 +69,19 @@ def to_numpy(t: Tensor) -> np.ndarray:
     return t.numpy()
 
 
+class Known(dict):
+    """Host copies of tensors' values, by tensor id; it holds the tensors too, so no id is reused while it lives."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.alive: list[Tensor] = list(getattr(args[0], "alive", [])) if args else []
+
+    def put(self, t: Tensor, value: np.ndarray) -> Tensor:
+        self[id(t)] = value
+        self.alive.append(t)
+        return t
+
+
 @dataclass
 class Node:
     """One node being run: its inputs (None for an omitted optional one), attributes and the model's opset."""
@@ -80,7 +93,7 @@ class Node:
     device: str
     num_outputs: int
     # host copies of values known before any kernel runs (initializers, Constant, Shape), by tensor id
-    known: dict[int, np.ndarray] = field(default_factory=dict)
+    known: Known = field(default_factory=Known)
     # runs a subgraph (If, Loop) with extra named values; set by the graph runner
     run_graph: Optional[Callable[[Any, dict[str, Tensor]], list[Tensor]]] = None
 
@@ -98,6 +111,11 @@ class Node:
         if (v := self.known.get(id(t))) is not None:
             return v
         return t.numpy()
+
+    def host_of(self, t: Tensor) -> np.ndarray:
+        """Any tensor's values on the host, from its host copy when one is known."""
+        v = self.known.get(id(t))
+        return t.numpy() if v is None else v
 
     def ints(self, i: int) -> Optional[list[int]]:
         v = self.host(i)
