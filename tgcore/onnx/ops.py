@@ -1564,3 +1564,135 @@ def _scan(n: Node) -> list:
         s = s[::-1] if d else s
         stacked.append(_stack(s, norm_axis(a, s[0].ndim + 1)))
     return [*states, *stacked]
+
+
+# ***** quantization (8- and 16-bit integers; float8 and 2/4-bit types have no tgcore dtype) *****
+
+
+def _qparam(p: Optional[Tensor], x: Tensor, axis: int, block: int) -> Optional[Tensor]:
+    """A scale or zero point shaped to broadcast against x: per tensor, per axis or per block along axis."""
+    if p is None or p.ndim == 0 or (p.ndim == 1 and p.shape[0] == 1 and x.shape[axis] != 1 and not block):
+        return None if p is None else p.reshape(())
+    if block:
+        rep = [block if a == axis else 1 for a in range(p.ndim)]
+        grown = p.unsqueeze(axis + 1).expand(*p.shape[: axis + 1], block, *p.shape[axis + 1 :])
+        grown = grown.reshape(*p.shape[:axis], p.shape[axis] * rep[axis], *p.shape[axis + 1 :])
+        return grown.shrink(tuple((0, x.shape[a]) if a == axis else (0, s) for a, s in enumerate(grown.shape)))
+    return p.reshape(tuple(-1 if a == axis else 1 for a in range(x.ndim)))
+
+
+def _saturate(q: Tensor, dt) -> Tensor:  # noqa: ANN001 (a DType)
+    if dtypes.is_int(dt):
+        q = q.clip(dtypes.min(dt), dtypes.max(dt))
+    return q.cast(dt)
+
+
+def _quantize(x: Tensor, scale: Tensor, zp: Optional[Tensor], out_dt, wide) -> Tensor:  # noqa: ANN001
+    q = (x.cast(wide) / scale.cast(wide)).round()  # (round: half to even, as the spec)
+    if zp is not None:
+        q = q + zp.cast(wide)
+    return _saturate(q, out_dt)
+
+
+@op("QuantizeLinear", 10, 13, 19, 21)
+def _quantize_linear(n: Node) -> Tensor:
+    x, scale, zp = n[0], n[1], n[2]
+    axis, block = norm_axis(n.get("axis", 1), max(x.ndim, 1)), n.get("block_size", 0)
+    if zp is not None:
+        out_dt = zp.dtype
+    elif n.get("output_dtype", 0):
+        out_dt = onnx_to_dtype(n.get("output_dtype"), n.op_type, n.opset)
+    else:
+        out_dt = dtypes.uint8
+    wide = onnx_to_dtype(n.get("precision"), n.op_type, n.opset) if n.get("precision", 0) else scale.dtype
+    if wide in (dtypes.float16, dtypes.bfloat16):
+        wide = dtypes.float32  # (the quotient rounds to an integer: float32 holds every half-type one)
+    return _quantize(x, _qparam(scale, x, axis, block), _qparam(zp, x, axis, block), out_dt, wide)
+
+
+@op("DequantizeLinear", 10, 13, 19, 21)
+def _dequantize_linear(n: Node) -> Tensor:
+    x, scale, zp = n[0], n[1], n[2]
+    axis, block = norm_axis(n.get("axis", 1), max(x.ndim, 1)), n.get("block_size", 0)
+    out_dt = onnx_to_dtype(n.get("output_dtype"), n.op_type, n.opset) if n.get("output_dtype", 0) else scale.dtype
+    s, z = _qparam(scale, x, axis, block), _qparam(zp, x, axis, block)
+    wide = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
+    y = x.cast(dtypes.int32) if z is None else x.cast(dtypes.int32) - z.cast(dtypes.int32)
+    return (y.cast(wide) * s.cast(wide)).cast(out_dt)
+
+
+@op("DynamicQuantizeLinear", 11)
+def _dynamic_quantize(n: Node) -> tuple:
+    x = n[0]
+    lo, hi = x.min().minimum(0), x.max().maximum(0)
+    scale = (hi - lo) / 255
+    zp = _saturate((-lo / scale).round(), dtypes.uint8)
+    return _quantize(x, scale, zp, dtypes.uint8, dtypes.float32), scale, zp
+
+
+def _dq(x: Tensor, scale: Tensor, zp: Optional[Tensor], row_axis: Optional[int] = None) -> Tensor:
+    """x - zp scaled, in float32; a 1-D scale or zero point lies along row_axis (None: the last axis)."""
+
+    def shaped(p: Tensor) -> Tensor:
+        if p.ndim == 1 and p.shape[0] > 1 and row_axis is not None:
+            return p.reshape(tuple(-1 if a == row_axis else 1 for a in range(x.ndim)))
+        return p
+
+    y = x.cast(dtypes.float32)
+    if zp is not None:
+        y = y - shaped(zp).cast(dtypes.float32)
+    return y * shaped(scale).cast(dtypes.float32)
+
+
+def _requantize(y: Tensor, scale: Tensor, zp: Optional[Tensor]) -> Tensor:
+    return _quantize(y, scale.cast(dtypes.float32), zp, zp.dtype if zp is not None else dtypes.uint8, dtypes.float32)
+
+
+@op("QLinearMatMul", 10, 21)
+def _qlinear_matmul(n: Node) -> Tensor:
+    a, b = n[0], n[3]
+    y = _dq(a, n[1], n[2], a.ndim - 2).matmul(_dq(b, n[4], n[5]))
+    return _quantize(
+        y, n[6].cast(dtypes.float32), n[7], n[7].dtype if n[7] is not None else dtypes.uint8, dtypes.float32
+    )
+
+
+@op("MatMulInteger", 10)
+def _matmul_integer(n: Node) -> Tensor:
+    a, b, az, bz = n[0].cast(dtypes.int32), n[1].cast(dtypes.int32), n[2], n[3]
+    if az is not None:
+        a = a - (az.reshape(-1, 1) if az.ndim == 1 and az.shape[0] > 1 else az).cast(dtypes.int32)
+    if bz is not None:
+        b = b - bz.cast(dtypes.int32)
+    return a.matmul(b)
+
+
+def _conv_with(n: Node, x: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    inner = Node("Conv", n.opset, [x, w, b], n.attrs, n.device, 1, n.known)
+    return _conv(inner)
+
+
+@op("ConvInteger", 10)
+def _conv_integer(n: Node) -> Tensor:
+    x, w, xz, wz = n[0].cast(dtypes.float32), n[1].cast(dtypes.float32), n[2], n[3]
+    if xz is not None:
+        x = x - xz.cast(dtypes.float32)
+    if wz is not None:
+        w = w - (wz.reshape(-1, *([1] * (w.ndim - 1))) if wz.ndim == 1 else wz).cast(dtypes.float32)
+    return _conv_with(n, x, w, None).round().cast(dtypes.int32)  # (exact: small integer sums in float32)
+
+
+@op("QLinearConv", 10)
+def _qlinear_conv(n: Node) -> Tensor:
+    x, w = n[0], n[3]
+    xf = _dq(x, n[1], n[2])
+    wf = _dq(w, n[4], n[5], 0)
+    bias = (
+        n[8].cast(dtypes.float32) * (n[1].cast(dtypes.float32) * n[4].cast(dtypes.float32))
+        if n[8] is not None
+        else None
+    )
+    y = _conv_with(n, xf, wf, bias)
+    return _quantize(
+        y, n[6].cast(dtypes.float32), n[7], n[7].dtype if n[7] is not None else dtypes.uint8, dtypes.float32
+    )
