@@ -73,7 +73,7 @@ class _Graph:
             out = fn(n)
             outs = [out] if isinstance(out, Tensor) else list(out)
             for name, t in zip(node.output, outs):
-                if name and t is not None:
+                if name:  # (None: an output not produced, or an empty optional)
                     env[name] = t
         return [env[o.name] for o in graph.output]
 
@@ -106,13 +106,20 @@ class OnnxModel:
         self.output_names = [o.name for o in graph.output]
         self._input_types = {i.name: i.type for i in graph.input}
 
-    def _as_tensor(self, name: str, value: Any) -> Tensor:
+    def _as_tensor(self, name: str, value: Any) -> Any:
+        """A tensor; a list (an ONNX sequence) of them; None (an empty optional)."""
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [self._as_tensor(name, v) for v in value]
         if isinstance(value, Tensor):
             return value if value.device == self.device else value.to(self.device)
         arr = np.asarray(value)
         if arr.dtype == object or arr.dtype.kind in "SU":
             raise UnsupportedOp("(input)", self.opset, f"input {name!r} holds strings, which tgcore has no dtype for")
         tt = self._input_types.get(name)
+        while tt is not None and tt.HasField("optional_type"):
+            tt = tt.optional_type.elem_type
         if tt is not None and tt.HasField("tensor_type") and tt.tensor_type.elem_type:
             onnx_to_dtype(tt.tensor_type.elem_type, "(input)", self.opset)  # says which type is unsupported
         return to_tensor(arr, self.device)
@@ -128,7 +135,13 @@ class OnnxModel:
         values = {**self.initializers, **{n: self._as_tensor(n, v) for n, v in feed.items()}}
         known = Known(self.known)
         outs = _Graph(self.opset, self.device, known).run(self.proto.graph, values)
-        return {name: t.realize() for name, t in zip(self.output_names, outs)}
+        return {name: _realized(t) for name, t in zip(self.output_names, outs)}
+
+
+def _realized(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_realized(v) for v in value]
+    return None if value is None else value.realize()
 
 
 def run_node(

@@ -36,7 +36,14 @@ class TgcoreRep(BackendRep):
                 inputs = [inputs]
             feed = dict(zip(self.model.input_names, inputs))
         outs = self.model(feed)
-        return tuple(to_numpy(outs[name]) for name in self.model.output_names)
+        return tuple(_host(outs[name]) for name in self.model.output_names)
+
+
+def _host(value: Any) -> Any:
+    """numpy arrays out: a sequence as a list of them, an empty optional as None."""
+    if isinstance(value, list):
+        return [_host(v) for v in value]
+    return None if value is None else to_numpy(value)
 
 
 class TgcoreBackend(Backend):

@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from tgcore.dtype import dtypes
+from tgcore.onnx.errors import OnnxError
 from tgcore.onnx.registry import Node, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
 from tgcore.tensor import Tensor
 
@@ -43,7 +44,6 @@ _UNARY = {
     "Softplus": Tensor.softplus,
     "Mish": Tensor.mish,
     "HardSwish": Tensor.hardswish,
-    "Identity": lambda x: x,
 }
 
 
@@ -53,6 +53,11 @@ def _unary(fn):  # noqa: ANN001, ANN202 (a closure per op)
 
 for _name, _fn in _UNARY.items():
     op(_name, 1)(_unary(_fn))
+
+
+@op("Identity", 1)
+def _identity(n: Node) -> tuple:
+    return (n[0],)  # (a sequence too: one output)
 
 
 @op("Not", 1)
@@ -1696,3 +1701,103 @@ def _qlinear_conv(n: Node) -> Tensor:
     return _quantize(
         y, n[6].cast(dtypes.float32), n[7], n[7].dtype if n[7] is not None else dtypes.uint8, dtypes.float32
     )
+
+
+# ***** sequences (Python lists of tensors) and optionals (None when empty) *****
+
+
+def _seq_pos(n: Node, i: int, size: int, default: int) -> int:
+    p = n.host(i)
+    p = default if p is None else int(p.reshape(-1)[0])
+    return p + size if p < 0 else p
+
+
+@op("SequenceEmpty", 11)
+def _seq_empty(n: Node) -> tuple:
+    return ([],)
+
+
+@op("SequenceConstruct", 11)
+def _seq_construct(n: Node) -> tuple:
+    return (list(n.inputs),)
+
+
+@op("SequenceInsert", 11)
+def _seq_insert(n: Node) -> tuple:
+    seq = list(n[0])
+    seq.insert(_seq_pos(n, 2, len(seq), len(seq)), n[1])
+    return (seq,)
+
+
+@op("SequenceErase", 11)
+def _seq_erase(n: Node) -> tuple:
+    seq = list(n[0])
+    del seq[_seq_pos(n, 1, len(seq), len(seq) - 1)]
+    return (seq,)
+
+
+@op("SequenceAt", 11)
+def _seq_at(n: Node) -> Tensor:
+    return n[0][_seq_pos(n, 1, len(n[0]), 0)]
+
+
+@op("SequenceLength", 11)
+def _seq_length(n: Node) -> Tensor:
+    return _known(n, np.array(len(n[0]), dtype=np.int64))
+
+
+@op("ConcatFromSequence", 11)
+def _concat_from_seq(n: Node) -> Tensor:
+    seq = n[0]
+    if n.get("new_axis", 0):
+        return _stack(seq, norm_axis(n.get("axis"), seq[0].ndim + 1))
+    axis = norm_axis(n.get("axis"), seq[0].ndim)
+    return seq[0].cat(*seq[1:], dim=axis) if len(seq) > 1 else seq[0]
+
+
+@op("SplitToSequence", 11)
+def _split_to_seq(n: Node) -> tuple:
+    x = n[0]
+    axis = norm_axis(n.get("axis", 0), x.ndim)
+    size = x.shape[axis]
+    split = n.host(1)
+    if split is None:
+        parts = list(x.split(1, axis))
+        if not n.get("keepdims", 1):
+            parts = [p.squeeze(axis) for p in parts]
+        return (parts,)
+    if split.ndim == 0:
+        step = int(split)
+        sizes = [min(step, size - i) for i in range(0, size, step)]
+    else:
+        sizes = [int(s) for s in split]
+    return (list(x.split(sizes, axis)),)
+
+
+@op("SequenceMap", 17)
+def _seq_map(n: Node) -> tuple:
+    body, seq, extra = n.attrs["body"], n[0], n.inputs[1:]
+    names = [i.name for i in body.input]
+    outs: list[list] = [[] for _ in body.output]
+    for i in range(len(seq)):
+        args = [seq[i]] + [e[i] if isinstance(e, list) else e for e in extra]
+        for o, t in zip(outs, n.run_graph(body, dict(zip(names, args)))):
+            o.append(t)
+    return tuple(outs)
+
+
+@op("Optional", 15)
+def _optional(n: Node) -> tuple:
+    return (n[0],)
+
+
+@op("OptionalHasElement", 15, 18)
+def _optional_has(n: Node) -> Tensor:
+    return _known(n, np.array(n[0] is not None, dtype=np.bool_))
+
+
+@op("OptionalGetElement", 15, 18)
+def _optional_get(n: Node) -> tuple:
+    if n[0] is None:
+        raise OnnxError(f"{n.op_type}: the optional input is empty")
+    return (n[0],)
