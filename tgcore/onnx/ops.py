@@ -13,7 +13,7 @@ import numpy as np
 
 from tgcore.dtype import dtypes
 from tgcore.onnx.errors import OnnxError
-from tgcore.onnx.registry import Node, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
+from tgcore.onnx.registry import Node, Result, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
 from tgcore.tensor import Tensor
 
 # ***** elementwise: unary math *****
@@ -399,13 +399,28 @@ def _pool_input(
 
 
 @op("MaxPool", 1, 8, 10, 11, 12)
-def _maxpool(n: Node) -> Tensor:
+def _maxpool(n: Node) -> Result:
     x = n[0]
-    if n.num_outputs > 1:
-        raise n.unsupported("the Indices output is not implemented yet")
     fill = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
     xp, _, kernel, strides, dils = _pool_input(n, x, fill, False)
-    return xp._pool(tuple(kernel), strides, dils).max(tuple(range(-len(kernel), 0)))
+    windows = xp._pool(tuple(kernel), strides, dils)
+    out = windows.max(tuple(range(-len(kernel), 0)))
+    if n.num_outputs < 2:
+        return out
+    # Indices: each maximum's position in the flattened input (row-major, or column-major over the spatial
+    # axes with storage_order=1), taken from the same windows over a tensor of positions
+    sp = x.shape[2:]
+    pos = np.arange(math.prod(sp)).reshape(sp)
+    if n.get("storage_order", 0):
+        pos = np.arange(math.prod(sp)).reshape(sp[::-1]).T
+    full = pos + np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[0], x.shape[1], *([1] * len(sp))) * math.prod(sp)
+    n2 = Node(n.op_type, n.opset, [Tensor(full.astype(np.int64), device=n.device)], n.attrs, n.device, 1, n.known)
+    pwin = _pool_input(n2, n2[0], -1, False)[0]._pool(tuple(kernel), strides, dils)
+    k = math.prod(kernel)
+    flat_w = windows.reshape(*windows.shape[: -len(kernel)], k)
+    first = flat_w.argmax(-1, keepdim=True)
+    idx = pwin.reshape(*pwin.shape[: -len(kernel)], k).gather(-1, first).squeeze(-1)
+    return out, idx
 
 
 @op("AveragePool", 1, 7, 10, 11, 19)
@@ -1801,3 +1816,47 @@ def _optional_get(n: Node) -> tuple:
     if n[0] is None:
         raise OnnxError(f"{n.op_type}: the optional input is empty")
     return (n[0],)
+
+
+# ***** bits, crops, uniques *****
+
+
+@op("BitCast", 26)
+def _bitcast(n: Node) -> Tensor:
+    x, to = n[0], onnx_to_dtype(n.get("to"), n.op_type, n.opset)
+    if x.dtype.itemsize != to.itemsize:
+        raise n.unsupported(f"{x.dtype} and {to} differ in size; BitCast needs equal sizes")
+    if dtypes.bool in (x.dtype, to):  # (a bool is one byte holding 0 or 1: a cast is its bitcast)
+        return x.cast(to)
+    return x.bitcast(to)
+
+
+@op("CenterCropPad", 18)
+def _center_crop_pad(n: Node) -> Tensor:
+    x, target = n[0], n.ints(1)
+    axes = [norm_axis(a, x.ndim) for a in n.get("axes", list(range(x.ndim)))]
+    for a, t in zip(axes, target):
+        size = x.shape[a]
+        if t < size:  # crop: the extra row goes at the end
+            start = (size - t) // 2
+            x = x.shrink(tuple((start, start + t) if i == a else (0, s) for i, s in enumerate(x.shape)))
+        elif t > size:
+            before = (t - size) // 2
+            x = x.pad(tuple((before, t - size - before) if i == a else (0, 0) for i in range(x.ndim)))
+    return x
+
+
+@op("Unique", 11)
+def _unique(n: Node) -> tuple:
+    """On the host: the output's length is data dependent."""
+    x, axis = n.host(0), n.get("axis")
+    ax = None if axis is None else norm_axis(axis, x.ndim)
+    vals, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=ax)
+    if not n.get("sorted", 1):  # in order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        vals = np.take(vals, order, axis=0 if ax is None else ax)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    outs = (vals, first, inverse.reshape(-1), counts)
+    return tuple(_known(n, o if i == 0 else o.astype(np.int64)) for i, o in enumerate(outs))
