@@ -101,3 +101,61 @@ def test_cli_runs_a_model_file(tmp_path) -> None:  # noqa: ANN001
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "y: shape (3,) float32 [-1.  2. -3.]" in out and "2 runs" in out
+
+
+def test_loop_slices_by_its_iteration_number() -> None:
+    """A body that slices by the iteration count: each iteration's host-known values are its own."""
+    x = np.arange(5, dtype=np.float32)
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    body = helper.make_graph(
+        [
+            helper.make_node("Unsqueeze", ["i", "zero"], ["start"]),
+            helper.make_node("Add", ["start", "one"], ["end"]),
+            helper.make_node("Slice", ["x", "start", "end"], ["piece"]),
+            helper.make_node("Identity", ["cond"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _vi("piece", [1])],
+        initializer=[one, helper.make_tensor("zero", TensorProto.INT64, [1], [0])],
+    )
+    nodes = [helper.make_node("Loop", ["trip", ""], ["pieces"], body=body)]
+    trip = numpy_helper.from_array(np.array(5, np.int64), "trip")
+    model = OnnxModel(_model(nodes, [_vi("x", [5])], [_vi("pieces", [5, 1])], [trip]), check=False)
+    np.testing.assert_array_equal(model(x=x)["pieces"].numpy(), x.reshape(5, 1))
+
+
+def test_sequences_in_and_out() -> None:
+    seq_type = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("SequenceInsert", ["s", "x"], ["s2"]),
+        helper.make_node("ConcatFromSequence", ["s2"], ["y"], axis=0),
+        helper.make_node("SequenceLength", ["s2"], ["n"]),
+    ]
+    outs = [_vi("y", [None]), helper.make_tensor_value_info("n", TensorProto.INT64, [])]
+    model = OnnxModel(_model(nodes, [seq_type, _vi("x", [2])], outs, opset=13))
+    a, b, x = np.ones(3, np.float32), np.zeros(1, np.float32), np.array([5, 6], np.float32)
+    out = model(s=[a, b], x=x)
+    np.testing.assert_array_equal(out["y"].numpy(), np.concatenate([a, b, x]))
+    assert int(out["n"].numpy()) == 3
+
+
+def test_topk_and_scatter_elements_match_numpy() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.permutation(24).astype(np.float32).reshape(4, 6)
+    nodes = [
+        helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1),
+        helper.make_node("ScatterElements", ["x", "i", "v"], ["s"], axis=1, reduction="add"),
+    ]
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    outs = [_vi("v", [4, 3]), helper.make_tensor_value_info("i", TensorProto.INT64, [4, 3]), _vi("s", [4, 6])]
+    out = OnnxModel(_model(nodes, [_vi("x", [4, 6])], outs, [k], opset=18))(x=x)
+    order = np.argsort(-x, axis=1)[:, :3]
+    np.testing.assert_array_equal(out["i"].numpy(), order)
+    np.testing.assert_array_equal(out["v"].numpy(), np.take_along_axis(x, order, 1))
+    want = x.copy()
+    np.put_along_axis(want, order, 2 * np.take_along_axis(x, order, 1), 1)
+    np.testing.assert_array_equal(out["s"].numpy(), want)
