@@ -1860,3 +1860,109 @@ def _unique(n: Node) -> tuple:
         first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
     outs = (vals, first, inverse.reshape(-1), counts)
     return tuple(_known(n, o if i == 0 else o.astype(np.int64)) for i, o in enumerate(outs))
+
+
+# ***** RNN, GRU, LSTM: the recurrence unrolled over the (static) sequence length *****
+
+
+def _activation(n: Node, name: str, alpha: Optional[float], beta: Optional[float]):  # noqa: ANN202
+    simple = {"Tanh": Tensor.tanh, "Sigmoid": Tensor.sigmoid, "Relu": Tensor.relu, "Softsign": Tensor.softsign,
+              "Softplus": Tensor.softplus}  # fmt: skip
+    if name in simple:
+        return simple[name]
+    if name == "LeakyRelu":
+        a = 0.01 if alpha is None else alpha
+        return lambda x: (x < 0).where(x * a, x)
+    if name == "HardSigmoid":
+        a, b = 0.2 if alpha is None else alpha, 0.5 if beta is None else beta
+        return lambda x: (x * a + b).clip(0, 1)
+    if name == "Affine":
+        return lambda x: x * alpha + beta
+    if name == "ScaledTanh":
+        return lambda x: (x * beta).tanh() * alpha
+    raise n.unsupported(f"activation {name!r} is not implemented yet")
+
+
+def _recurrent(n: Node, gates: int, defaults: list[str], cell) -> tuple:  # noqa: ANN001 (cell: a step function)
+    x, w, r, b, lens, h0 = (n[i] for i in range(6))
+    layout, hidden = n.get("layout", 0), n.get("hidden_size")
+    if layout:
+        x = x.permute(1, 0, 2)
+    seq, batch = x.shape[0], x.shape[1]
+    if lens is not None and any(v != seq for v in n.ints(4)):
+        raise n.unsupported("sequence_lens shorter than the sequence are not implemented yet")
+    direction = n.get("direction", "forward")
+    dirs = 2 if direction == "bidirectional" else 1
+    names = n.get("activations", defaults * dirs)
+    alphas, betas = n.get("activation_alpha", []), n.get("activation_beta", [])
+    acts = [
+        _activation(n, a, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None)
+        for i, a in enumerate(names)
+    ]
+    clip = n.get("clip")
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        reverse = direction == "reverse" or d == 1
+        wd, rd = w[d], r[d]
+        bd = b[d] if b is not None else Tensor.zeros(2 * gates * hidden, dtype=x.dtype, device=x.device)
+        h = h0[d] if h0 is not None else Tensor.zeros(batch, hidden, dtype=x.dtype, device=x.device)
+        state = {"h": h, "c": n[6][d] if n.op_type == "LSTM" and n[6] is not None else h.zeros_like()}
+        if n.op_type == "LSTM" and n[7] is not None:
+            state["p"] = n[7][d]
+        xw = x.matmul(wd.transpose()) + bd[: gates * hidden]  # every step's input projection at once
+        steps = range(seq - 1, -1, -1) if reverse else range(seq)
+        out = [None] * seq
+        for t in steps:
+            state = cell(n, xw[t], state, rd, bd[gates * hidden :], acts[len(defaults) * d :], hidden, clip)
+            out[t] = state["h"]
+        ys.append(_stack(out, 0))
+        hs.append(state["h"])
+        cs.append(state["c"])
+    y = _stack(ys, 1)  # (seq, dirs, batch, hidden)
+    yh, yc = _stack(hs, 0), _stack(cs, 0)
+    if layout:
+        y, yh, yc = y.permute(2, 0, 1, 3), yh.permute(1, 0, 2), yc.permute(1, 0, 2)
+    return (y, yh, yc) if n.op_type == "LSTM" else (y, yh)
+
+
+def _clipped(v: Tensor, clip: Optional[float]) -> Tensor:
+    return v if clip is None else v.clip(-clip, clip)
+
+
+def _rnn_cell(n: Node, xw: Tensor, s: dict, r: Tensor, rb: Tensor, acts: list, hidden: int, clip) -> dict:  # noqa: ANN001
+    return {**s, "h": acts[0](_clipped(xw + s["h"].matmul(r.transpose()) + rb, clip))}
+
+
+def _gru_cell(n: Node, xw: Tensor, s: dict, r: Tensor, rb: Tensor, acts: list, hidden: int, clip) -> dict:  # noqa: ANN001
+    h, f, g = s["h"], acts[0], acts[1]
+    hr = h.matmul(r[: 2 * hidden].transpose()) + rb[: 2 * hidden]
+    z = f(_clipped(xw[:, :hidden] + hr[:, :hidden], clip))
+    rr = f(_clipped(xw[:, hidden : 2 * hidden] + hr[:, hidden:], clip))
+    rh, rbh = r[2 * hidden :], rb[2 * hidden :]
+    if n.get("linear_before_reset", 0):
+        cand = xw[:, 2 * hidden :] + rr * (h.matmul(rh.transpose()) + rbh)
+    else:
+        cand = xw[:, 2 * hidden :] + (rr * h).matmul(rh.transpose()) + rbh
+    hn = g(_clipped(cand, clip))
+    return {**s, "h": (1 - z) * hn + z * h}
+
+
+def _lstm_cell(n: Node, xw: Tensor, s: dict, r: Tensor, rb: Tensor, acts: list, hidden: int, clip) -> dict:  # noqa: ANN001
+    h, c, (f, g, hact) = s["h"], s["c"], acts[:3]
+    pre = xw + h.matmul(r.transpose()) + rb  # gates in the order i, o, f, c
+    gi, go, gf, gc = (pre[:, k * hidden : (k + 1) * hidden] for k in range(4))
+    p = s.get("p")
+    if p is not None:
+        gi, gf = gi + p[:hidden] * c, gf + p[2 * hidden :] * c
+    i = f(_clipped(gi, clip))
+    fg = 1 - i if n.get("input_forget", 0) else f(_clipped(gf, clip))
+    c = fg * c + i * g(_clipped(gc, clip))
+    if p is not None:
+        go = go + p[hidden : 2 * hidden] * c
+    o = f(_clipped(go, clip))
+    return {**s, "h": o * hact(c), "c": c}
+
+
+op("RNN", 7, 14, 22)(lambda n: _recurrent(n, 1, ["Tanh"], _rnn_cell))
+op("GRU", 7, 14, 22)(lambda n: _recurrent(n, 3, ["Sigmoid", "Tanh"], _gru_cell))
+op("LSTM", 7, 14, 22)(lambda n: _recurrent(n, 4, ["Sigmoid", "Tanh", "Tanh"], _lstm_cell))
