@@ -1966,3 +1966,91 @@ def _lstm_cell(n: Node, xw: Tensor, s: dict, r: Tensor, rb: Tensor, acts: list, 
 op("RNN", 7, 14, 22)(lambda n: _recurrent(n, 1, ["Tanh"], _rnn_cell))
 op("GRU", 7, 14, 22)(lambda n: _recurrent(n, 3, ["Sigmoid", "Tanh"], _gru_cell))
 op("LSTM", 7, 14, 22)(lambda n: _recurrent(n, 4, ["Sigmoid", "Tanh", "Tanh"], _lstm_cell))
+
+
+# ***** DFT as matrix products with host-built cos/sin tables; NonMaxSuppression; AffineGrid *****
+
+
+@op("DFT", 17, 20)
+def _dft(n: Node) -> Tensor:
+    x = n[0]
+    if n.opset >= 20:
+        axis = int(n.host(2).reshape(-1)[0]) if n[2] is not None else -2
+    else:
+        axis = n.get("axis", 1)
+    axis = norm_axis(axis, x.ndim)
+    if axis == x.ndim - 1:
+        raise n.unsupported("axis names the last (real, imaginary) axis; expected a signal axis")
+    re = x[..., 0]
+    im = x[..., 1] if x.shape[-1] == 2 else None
+    size = x.shape[axis]
+    length = int(n.host(1).reshape(-1)[0]) if n[1] is not None and n.host(1).size else size
+    inverse, onesided = bool(n.get("inverse", 0)), bool(n.get("onesided", 0))
+
+    def fit(t: Tensor) -> Tensor:  # zero-padded or cut to the DFT length along axis
+        if length > size:
+            return t.pad(tuple((0, length - size) if a == axis else (0, 0) for a in range(t.ndim)))
+        return t.shrink(tuple((0, length) if a == axis else (0, s) for a, s in enumerate(t.shape)))
+
+    re, im = fit(re), None if im is None else fit(im)
+    outs = length // 2 + 1 if onesided and not inverse else length
+    k, j = np.arange(outs).reshape(-1, 1), np.arange(length).reshape(1, -1)
+    angle = (2 if inverse else -2) * np.pi * ((k * j) % length) / length
+    norm = 1 / length if inverse else 1.0
+    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    cos_t = Tensor((np.cos(angle) * norm).T.astype(wide.np), device=n.device)
+    sin_t = Tensor((np.sin(angle) * norm).T.astype(wide.np), device=n.device)
+    last = lambda t: t.cast(wide).transpose(axis, -1)  # noqa: E731 (the signal axis to the end)
+    yr, yi = last(re).matmul(cos_t), last(re).matmul(sin_t)
+    if im is not None:
+        yr, yi = yr - last(im).matmul(sin_t), yi + last(im).matmul(cos_t)
+    back = lambda t: t.transpose(axis, -1)  # noqa: E731
+    return back(yr).unsqueeze(-1).cat(back(yi).unsqueeze(-1), dim=-1).cast(x.dtype)
+
+
+@op("NonMaxSuppression", 10, 11)
+def _nms(n: Node) -> Tensor:
+    """On the host: how many boxes survive is data dependent."""
+    boxes, scores = n.host(0).astype(np.float64), n.host(1).astype(np.float64)
+    limit = int(n.host(2).reshape(-1)[0]) if n[2] is not None and n.host(2).size else 0
+    iou_max = float(n.host(3).reshape(-1)[0]) if n[3] is not None and n.host(3).size else 0.0
+    floor = float(n.host(4).reshape(-1)[0]) if n[4] is not None and n.host(4).size else None
+    if n.get("center_point_box", 0):  # (x center, y center, width, height) -> corners
+        c, half = boxes[..., :2], boxes[..., 2:] / 2
+        boxes = np.concatenate([c - half, c + half], -1)[..., [1, 0, 3, 2]]
+    lo, hi = np.minimum(boxes[..., :2], boxes[..., 2:]), np.maximum(boxes[..., :2], boxes[..., 2:])
+    area = np.prod(hi - lo, -1)
+    picked = []
+    for b in range(scores.shape[0]):
+        for c in range(scores.shape[1]):
+            order = np.argsort(-scores[b, c], kind="stable")
+            keep: list[int] = []
+            for i in order:
+                if len(keep) >= limit or (floor is not None and scores[b, c, i] <= floor):
+                    break
+                if keep:
+                    inter = np.prod(
+                        np.clip(np.minimum(hi[b, keep], hi[b, i]) - np.maximum(lo[b, keep], lo[b, i]), 0, None), -1
+                    )
+                    iou = inter / (area[b, keep] + area[b, i] - inter)
+                    if (iou > iou_max).any():
+                        continue
+                keep.append(int(i))
+            picked += [(b, c, i) for i in keep]
+    return _known(n, np.array(picked, dtype=np.int64).reshape(-1, 3))
+
+
+@op("AffineGrid", 20)
+def _affine_grid(n: Node) -> Tensor:
+    theta, size = n[0], n.ints(1)
+    spatial = size[2:]
+    align = n.get("align_corners", 0)
+    axes = []
+    for s in spatial:  # normalized coordinates of each pixel center (or corner) in [-1, 1]
+        v = np.linspace(-1, 1, s) if align else (np.arange(s) * 2 + 1) / s - 1
+        axes.append(v if s > 1 or align else np.zeros(1))
+    mesh = np.meshgrid(*axes, indexing="ij")[::-1]  # x first: the last spatial axis
+    base = np.stack([*mesh, np.ones_like(mesh[0])], -1).reshape(-1, len(spatial) + 1)
+    pts = Tensor(base.astype(theta.dtype.np), device=n.device)
+    out = pts.matmul(theta.transpose(-1, -2))  # (batch, points, dims)
+    return out.reshape(size[0], *spatial, len(spatial))
