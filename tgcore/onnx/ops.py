@@ -298,6 +298,11 @@ def _gemm(n: Node) -> Tensor:
 
 @op("Einsum", 12)
 def _einsum(n: Node) -> Tensor:
+    if all(x.ndim == 0 for x in n.inputs):  # scalars only: "->", ",->": their product
+        out = n.inputs[0]
+        for x in n.inputs[1:]:
+            out = out * x
+        return out
     return Tensor.einsum(n.get("equation").replace(" ", ""), *n.inputs)
 
 
@@ -451,10 +456,14 @@ def _gmp(n: Node) -> Tensor:
 
 
 @op("BatchNormalization", 1, 6, 7, 9, 14, 15)
-def _batchnorm(n: Node) -> Tensor:
+def _batchnorm(n: Node) -> Result:
     x, scale, bias, mean, var = n.inputs[:5]
-    if n.get("training_mode", 0):
-        raise n.unsupported("training_mode=1 is not implemented yet")
+    if n.get("training_mode", 0):  # this batch's statistics; running ones move toward them by 1 - momentum
+        axes = tuple(a for a in range(x.ndim) if a != 1)
+        bmean, bvar = x.mean(axes), ((x - x.mean(axes, keepdim=True)) ** 2).mean(axes)
+        y = x.batchnorm(scale, bias, bmean, (bvar + n.get("epsilon", 1e-5)).rsqrt())
+        m = n.get("momentum", 0.9)
+        return y, mean * m + bmean * (1 - m), var * m + bvar * (1 - m)
     invstd = (var + n.get("epsilon", 1e-5)).rsqrt()
     return x.batchnorm(scale, bias, mean, invstd)
 
@@ -859,7 +868,9 @@ def _pad_axis(x: Tensor, a: int, b: int, e: int, mode: str) -> Tensor:
 def _dropout(n: Node) -> tuple:
     x = n[0]
     if n.opset >= 12 and n[2] is not None and bool(n.host(2).item()):
-        raise n.unsupported("training_mode=True is not implemented yet")
+        ratio = float(n.host(1).reshape(-1)[0]) if n[1] is not None else 0.5
+        if ratio != 0:  # (ratio 0 drops nothing: the same as inference)
+            raise n.unsupported("training_mode=True with a ratio above 0 (random masks) is not implemented yet")
     mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device) if n.num_outputs > 1 else None
     return x, mask
 
@@ -2054,3 +2065,19 @@ def _affine_grid(n: Node) -> Tensor:
     pts = Tensor(base.astype(theta.dtype.np), device=n.device)
     out = pts.matmul(theta.transpose(-1, -2))  # (batch, points, dims)
     return out.reshape(size[0], *spatial, len(spatial))
+
+
+@op("MaxUnpool", 9, 11)
+def _max_unpool(n: Node) -> Tensor:
+    x, idx = n[0], n[1]
+    kernel, nd = n.get("kernel_shape"), x.ndim - 2
+    strides, pads = n.get("strides", [1] * nd), n.get("pads", [0] * (2 * nd))
+    if n[2] is not None:
+        out_shape = n.ints(2)
+    else:
+        sp = [(i - 1) * s + k - pads[a] - pads[a + nd] for a, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]
+        out_shape = [*x.shape[:2], *sp]
+    total = math.prod(out_shape)
+    flat = Tensor.zeros(1, total, dtype=x.dtype, device=x.device)
+    out = _scatter_axis(n, flat, idx.reshape(1, -1), x.reshape(1, -1), 1, "none")  # (indices: into the whole output)
+    return out.reshape(out_shape)
