@@ -1,0 +1,155 @@
+"""ONNX models on any tgcore device (`pip install tgcore[onnx]`; nothing here is imported by `import tgcore`).
+
+model = OnnxModel("model.onnx", device="CLANG")
+outputs = model(input=np.zeros((1, 3, 224, 224), np.float32))   # {output name: Tensor}
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+import numpy as np
+
+try:
+    import onnx
+    from onnx import helper, numpy_helper
+except ImportError as e:  # pragma: no cover (the extra is missing)
+    raise ImportError("tgcore.onnx needs the onnx package: pip install 'tgcore[onnx]'") from e
+
+from tgcore.device import Device
+from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
+from tgcore.onnx.errors import OnnxError, UnsupportedOp
+from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
+from tgcore.tensor import Tensor
+
+__all__ = ["OnnxModel", "OnnxError", "UnsupportedOp", "REGISTRY", "run_node"]
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """Attributes as Python values; graphs stay GraphProtos, tensors stay TensorProtos (read where used)."""
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [s.decode() for s in v]
+        out[a.name] = v
+    return out
+
+
+def _opset_of(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in _DEFAULT_DOMAINS:
+            return imp.version
+    raise OnnxError("the model imports no opset of the default ONNX domain")
+
+
+class _Graph:
+    """Runs one GraphProto node by node; subgraphs (If) run through the same loop with the outer values visible."""
+
+    def __init__(self, opset: int, device: str, known: Known) -> None:
+        self.opset, self.device, self.known = opset, device, known
+
+    def run(self, graph: onnx.GraphProto, values: dict[str, Tensor]) -> list[Tensor]:
+        env = dict(values)
+        for init in graph.initializer:  # (a subgraph's own initializers)
+            if init.name not in env:
+                arr = numpy_helper.to_array(init)
+                env[init.name] = self.known.put(to_tensor(arr, self.device), arr)
+        for node in graph.node:
+            if node.domain not in _DEFAULT_DOMAINS:
+                raise UnsupportedOp(node.op_type, None, f"domain {node.domain!r} is not supported, only ONNX's default")
+            fn = lookup(node.op_type, self.opset)
+            try:
+                inputs = [env[i] if i else None for i in node.input]
+            except KeyError as e:
+                raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
+            n = Node(node.op_type, self.opset, inputs, _attrs(node), self.device, len(node.output), self.known)
+            n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
+            out = fn(n)
+            outs = [out] if isinstance(out, Tensor) else list(out)
+            for name, t in zip(node.output, outs):
+                if name:  # (None: an output not produced, or an empty optional)
+                    env[name] = t
+        return [env[o.name] for o in graph.output]
+
+
+class OnnxModel:
+    """An ONNX model loaded for a tgcore device: call it with inputs by name, get outputs by name.
+
+    The model is checked with onnx's checker; initializers become tensors on `device` once."""
+
+    def __init__(
+        self, model: Union[str, os.PathLike, bytes, onnx.ModelProto], device: Optional[str] = None, check: bool = True
+    ) -> None:
+        if isinstance(model, (str, os.PathLike)):
+            model = onnx.load(os.fspath(model))
+        elif isinstance(model, bytes):
+            model = onnx.load_from_string(model)
+        elif not isinstance(model, onnx.ModelProto):
+            raise TypeError(f"OnnxModel takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
+        if check:
+            onnx.checker.check_model(model)
+        self.proto, self.opset = model, _opset_of(model)
+        self.device = Device.canonicalize(device)
+        self.known = Known()
+        graph = model.graph
+        self.initializers: dict[str, Tensor] = {}
+        for init in graph.initializer:
+            arr = numpy_helper.to_array(init)
+            self.initializers[init.name] = self.known.put(to_tensor(arr, self.device).realize(), arr)
+        self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in graph.output]
+        self._input_types = {i.name: i.type for i in graph.input}
+
+    def _as_tensor(self, name: str, value: Any) -> Any:
+        """A tensor; a list (an ONNX sequence) of them; None (an empty optional)."""
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [self._as_tensor(name, v) for v in value]
+        if isinstance(value, Tensor):
+            return value if value.device == self.device else value.to(self.device)
+        arr = np.asarray(value)
+        if arr.dtype == object or arr.dtype.kind in "SU":
+            raise UnsupportedOp("(input)", self.opset, f"input {name!r} holds strings, which tgcore has no dtype for")
+        tt = self._input_types.get(name)
+        while tt is not None and tt.HasField("optional_type"):
+            tt = tt.optional_type.elem_type
+        if tt is not None and tt.HasField("tensor_type") and tt.tensor_type.elem_type:
+            onnx_to_dtype(tt.tensor_type.elem_type, "(input)", self.opset)  # says which type is unsupported
+        return to_tensor(arr, self.device)
+
+    def __call__(self, inputs: Optional[dict[str, Any]] = None, **kwargs: Any) -> dict[str, Tensor]:
+        feed = {**(inputs or {}), **kwargs}
+        missing = [n for n in self.input_names if n not in feed]
+        if missing:
+            raise OnnxError(f"missing inputs {missing}; the model takes {self.input_names}")
+        unknown = [n for n in feed if n not in self.input_names and n not in self.initializers]
+        if unknown:
+            raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
+        values = {**self.initializers, **{n: self._as_tensor(n, v) for n, v in feed.items()}}
+        known = Known(self.known)
+        outs = _Graph(self.opset, self.device, known).run(self.proto.graph, values)
+        return {name: _realized(t) for name, t in zip(self.output_names, outs)}
+
+
+def _realized(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_realized(v) for v in value]
+    return None if value is None else value.realize()
+
+
+def run_node(
+    node: onnx.NodeProto, inputs: list[Any], opset: Optional[int] = None, device: Optional[str] = None
+) -> list[np.ndarray]:
+    """One node on numpy inputs (by position), at `opset` (the installed onnx's newest by default)."""
+    opset = opset or onnx.defs.onnx_opset_version()
+    dev = Device.canonicalize(device)
+    env = {name: to_tensor(np.asarray(v), dev) for name, v in zip(node.input, inputs) if name}
+    graph = helper.make_graph([node], "node", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output])
+    return [to_numpy(t) for t in _Graph(opset, dev, Known()).run(graph, env)]

@@ -1,0 +1,140 @@
+"""The operator registry: implementations keyed by (op_type, since_version), and what each one is handed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from tgcore.dtype import DType, dtypes
+from tgcore.onnx.errors import UnsupportedOp
+from tgcore.tensor import Tensor
+
+Result = Union[Tensor, None, Sequence[Optional[Tensor]]]
+OpFn = Callable[["Node"], Result]
+
+# op_type -> {since_version: implementation}
+REGISTRY: dict[str, dict[int, OpFn]] = {}
+
+
+def op(op_type: str, *since: int) -> Callable[[OpFn], OpFn]:
+    """Register `fn` for op_type at each since_version: a model of opset v gets the newest one with since <= v."""
+
+    def register(fn: OpFn) -> OpFn:
+        for v in since or (1,):
+            REGISTRY.setdefault(op_type, {})[v] = fn
+        return fn
+
+    return register
+
+
+def lookup(op_type: str, opset: int) -> OpFn:
+    versions = REGISTRY.get(op_type)
+    if not versions:
+        raise UnsupportedOp(op_type, opset, "not implemented yet")
+    usable = [v for v in versions if v <= opset]
+    if not usable:
+        raise UnsupportedOp(op_type, opset, f"implemented only from opset {min(versions)} on")
+    return versions[max(usable)]
+
+
+def onnx_to_dtype(elem_type: int, op_type: str = "?", opset: Optional[int] = None) -> DType:
+    """The tgcore dtype of an ONNX TensorProto element type, or UnsupportedOp saying why not."""
+    from onnx import TensorProto, helper
+
+    if elem_type == TensorProto.BFLOAT16:
+        return dtypes.bfloat16
+    try:
+        npdt = helper.tensor_dtype_to_np_dtype(elem_type)
+        return dtypes.from_np(npdt)
+    except (KeyError, TypeError, ValueError) as e:
+        name = helper.tensor_dtype_to_string(elem_type) if elem_type else "UNDEFINED"
+        raise UnsupportedOp(op_type, opset, f"element type {name} has no tgcore dtype") from e
+
+
+def to_tensor(arr: np.ndarray, device: str) -> Tensor:
+    """A numpy array as a tensor; bfloat16 (ml_dtypes, which numpy has no name for) travels as its bits."""
+    if arr.dtype.name == "bfloat16":
+        return Tensor(np.ascontiguousarray(arr).view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+    return Tensor(arr, device=device)
+
+
+def to_numpy(t: Tensor) -> np.ndarray:
+    if t.dtype == dtypes.bfloat16:
+        import ml_dtypes  # (onnx depends on it)
+
+        return t.bitcast(dtypes.uint16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+class Known(dict):
+    """Host copies of tensors' values, by tensor id; it holds the tensors too, so no id is reused while it lives."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.alive: list[Tensor] = list(getattr(args[0], "alive", [])) if args else []
+
+    def put(self, t: Tensor, value: np.ndarray) -> Tensor:
+        self[id(t)] = value
+        self.alive.append(t)
+        return t
+
+
+@dataclass
+class Node:
+    """One node being run: its inputs (None for an omitted optional one), attributes and the model's opset."""
+
+    op_type: str
+    opset: int
+    inputs: list[Optional[Tensor]]
+    attrs: dict[str, Any]
+    device: str
+    num_outputs: int
+    # host copies of values known before any kernel runs (initializers, Constant, Shape), by tensor id
+    known: Known = field(default_factory=Known)
+    # runs a subgraph (If, Loop) with extra named values; set by the graph runner
+    run_graph: Optional[Callable[[Any, dict[str, Tensor]], list[Tensor]]] = None
+
+    def __getitem__(self, i: int) -> Optional[Tensor]:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    def host(self, i: int) -> Optional[np.ndarray]:
+        """Input i's values on the host (shapes, axes, pads): read from the host copy when one is known."""
+        t = self[i]
+        if t is None:
+            return None
+        if (v := self.known.get(id(t))) is not None:
+            return v
+        return t.numpy()
+
+    def host_of(self, t: Tensor) -> np.ndarray:
+        """Any tensor's values on the host, from its host copy when one is known."""
+        v = self.known.get(id(t))
+        return t.numpy() if v is None else v
+
+    def ints(self, i: int) -> Optional[list[int]]:
+        v = self.host(i)
+        return None if v is None else [int(e) for e in v.reshape(-1)]
+
+    def unsupported(self, why: str) -> UnsupportedOp:
+        return UnsupportedOp(self.op_type, self.opset, why)
+
+    def const(self, value: Any, dtype: DType) -> Tensor:
+        return Tensor(np.asarray(value, dtype=dtype.np), device=self.device)
+
+
+def norm_axis(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+INT_MAX = 2**63 - 1
+NAN = math.nan
