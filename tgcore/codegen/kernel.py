@@ -256,6 +256,19 @@ class Kernel:
             self.stride_of(ld, a) == 0 for ld in self.loads() for a in outputs
         )
 
+    def is_matrix_vector(self) -> bool:
+        """A contraction of a matrix with a vector whose rows it reads contiguously: one input broadcast along every
+        output axis (the vector), another read with stride 1 along the (single) reduce axis, as a decoder's `x @ w.T`
+        at batch 1. No output reuses another's loads of the matrix, so there is no tile to make: it runs as a lane
+        reduce of each output's row instead (16 independent chains of FMAs, one vector register)."""
+        outputs = [a for a, s in enumerate(self.full_shape) if not self.is_reduce_axis(a) and s != 1]
+        loads = self.loads()
+        vectors = [ld for ld in loads if all(self.stride_of(ld, a) == 0 for a in outputs)]
+        # the matrix reads each output's row contiguously along the reduce (x @ w.T); where it does not (x @ w, the
+        # reduce walks down its columns) neighbouring outputs fill the vectors instead
+        rows = [ld for ld in loads if ld not in vectors and self.stride_of(ld, self.first_reduce) == 1]
+        return bool(outputs) and bool(vectors) and bool(rows)
+
     def _split_lanes(self) -> None:
         """Make this a lane reduce where it is one (see the module docstring)."""
         if self.n_reduce != 1 or self.upcasted or not self.reduceops:
@@ -266,8 +279,10 @@ class Kernel:
             return  # a MAX in lanes needs the renderer's vector MAX (its result has no order to fix)
         axis, lanes = self.first_reduce, REDUCE_LANES
         n = self.full_shape[axis]
-        if not isinstance(n, int) or n < LANE_REDUCE_MIN or n % lanes != 0 or self.is_contraction():
+        if not isinstance(n, int) or n < LANE_REDUCE_MIN or n % lanes != 0:
             return
+        if self.is_contraction() and not self.is_matrix_vector():
+            return  # (a matmul or conv is tiled: each output of a tile reuses the loads of the others)
         if not any(self.stride_of(ld, axis) == 1 for ld in self.loads()):
             return  # (a reduce across rows: neighbouring outputs fill the vectors instead)
         self._split(axis, lanes, self.shape_len)
@@ -532,7 +547,7 @@ class Kernel:
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
         tile: Optional[tuple[int, int]] = None
-        if len(broadcast) >= 2 or (broadcast and len(loads) >= 2):
+        if not self.reduce_lanes and (len(broadcast) >= 2 or (broadcast and len(loads) >= 2)):
             col, col_amount = self._tile_column(broadcast, contiguous, vw)
             # down to one vector, or below it for a long kernel (whose budget is under one vector)
             floor = vw if vw > 1 and budget >= vw else 1
