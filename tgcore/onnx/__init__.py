@@ -1,6 +1,6 @@
 """ONNX models on any tgcore device (`pip install tgcore[onnx]`; nothing here is imported by `import tgcore`).
 
-model = OnnxModel("model.onnx", device="CLANG")
+model = OnnxModel("model.onnx", device=name)   # any tgcore device; None: the default device
 outputs = model(input=np.zeros((1, 3, 224, 224), np.float32))   # {output name: Tensor}
 """
 

@@ -1,7 +1,7 @@
 """tgcore as an onnx.backend Backend, so onnx's own BackendTest (and any tool written for that interface) runs on it.
 
-ONNX names devices "CPU" and "CUDA": "CPU" is tgcore's default device (DEVICE=CLANG picks it), any other name is
-read as a tgcore device ("CLANG", "CUDA:1")."""
+ONNX names devices by strings such as CPU: "CPU" is tgcore's default device (DEVICE=NAME picks it), any other
+string is read as a tgcore device name (with an instance, NAME:1)."""
 
 from __future__ import annotations
 
