@@ -29,7 +29,7 @@ import types
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, TypeVar
 
 import numpy as np
 import pluggy
@@ -40,7 +40,6 @@ from tgcore.scratch import compile_folder, process_folder
 
 if TYPE_CHECKING:
     from tgcore.codegen.uops import UOp
-    from tgcore.registry import DeviceRegistry
 
 __all__ = [
     "PLUGIN_API_VERSION",
@@ -51,6 +50,7 @@ __all__ = [
     "DEFAULT_TOLERANCES",
     "DeviceSpec",
     "HookSpecs",
+    "Registry",
     "Renderer",
     "ProgramSpec",
     "Compiler",
@@ -492,6 +492,13 @@ class MallocAllocator(LRUAllocator):
 # ***** the hooks *****
 
 
+class Registry(Protocol):
+    """What `tg_register_devices` is given: the core's device registry (tgcore/registry.py), seen from a plugin."""
+
+    def add(self, spec: DeviceSpec) -> None:
+        """Register one device; a version the core does not serve, or a name another plugin claims, is settled there."""
+
+
 class HookSpecs:
     """The hooks a plugin may implement.
 
@@ -501,7 +508,7 @@ class HookSpecs:
     """
 
     @hookspec
-    def tg_register_devices(self, registry: DeviceRegistry) -> None:
+    def tg_register_devices(self, registry: Registry) -> None:
         """Declare this plugin's devices.
 
         :param registry: the core's device registry; call `registry.add(DeviceSpec(...))` once per device.

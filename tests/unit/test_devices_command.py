@@ -11,7 +11,6 @@ from tgcore import helpers
 from tgcore.__main__ import main
 from tgcore.dtype import dtypes
 from tgcore.plugin import PLUGIN_API_VERSION, DeviceSpec, MallocAllocator, part_for, plugin_module
-from tgcore.registry import plugins
 from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer
 
 
@@ -41,19 +40,6 @@ def device_plugin(name: str, device: str, api_version: Any = PLUGIN_API_VERSION,
         tg_runtime=part_for(device, lambda: PythonProgram),
     )
 
-
-@pytest.fixture
-def registered():
-    names: list[str] = []
-
-    def register(plugin: Any) -> Any:
-        names.append(plugin.__name__)
-        return plugins.register(plugin)
-
-    yield register
-    for n in names:
-        if n in plugins.records:
-            plugins.unregister(n)
 
 
 def run_devices(capsys: pytest.CaptureFixture[str]) -> list[str]:

@@ -50,19 +50,6 @@ def fake_device_plugin(
     return plugin_module(name, **hooks)
 
 
-@pytest.fixture
-def registered():
-    names: list[str] = []
-
-    def register(plugin: Any) -> Any:
-        names.append(plugin.__name__)
-        return plugins.register(plugin)
-
-    yield register
-    for n in names:
-        if n in plugins.records:
-            plugins.unregister(n)
-
 
 def test_builtin_python_device_is_registered_through_hooks():
     plugins.load()

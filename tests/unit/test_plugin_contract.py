@@ -29,7 +29,6 @@ from tgcore.plugin import (
     vector_widths,
     version_refusal,
 )
-from tgcore.registry import plugins
 from tgcore.runtime.python import PythonCompiler, PythonProgram, PythonRenderer
 
 MAJOR, MINOR = PLUGIN_API_VERSION
@@ -50,19 +49,6 @@ def device_plugin(name: str, device: str, api_version: Any = PLUGIN_API_VERSION,
         tg_runtime=part_for(device, lambda: PythonProgram),
     )
 
-
-@pytest.fixture
-def registered():
-    names: list[str] = []
-
-    def register(plugin: Any) -> Any:
-        names.append(plugin.__name__)
-        return plugins.register(plugin)
-
-    yield register
-    for n in names:
-        if n in plugins.records:
-            plugins.unregister(n)
 
 
 # ***** versions *****

@@ -70,20 +70,6 @@ def device_plugin(
     )
 
 
-@pytest.fixture
-def registered() -> Iterator[Callable[[Any], Any]]:
-    """Register plugin objects on the process's plugin manager; each is unregistered after the test."""
-    names: list[str] = []
-
-    def register(plugin: Any) -> Any:
-        names.append(plugin.__name__)
-        return plugins.register(plugin)
-
-    yield register
-    for n in names:
-        if n in plugins.records:
-            plugins.unregister(n)
-
 
 class FakeDist:
     def __init__(self, name: str) -> None:
