@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from tg_conformance import uop_cases
 from tg_conformance.target import Target
+from tg_opencl import probe
 from tg_opencl.allocator import BufferView
 from tg_opencl.cl_platform import get_platform
 from tg_opencl.compiler import OpenCLCompiler, unpack_binaries
@@ -206,6 +207,7 @@ def test_vector_types():
     np.testing.assert_array_equal(got, x + 1.5)
 
 
+@pytest.mark.no_build
 def test_render_bool_half_double_and_contraction():
     r = OpenCLRenderer()
     b, h, d = _global(dtypes.bool, 0, True), _global(dtypes.float16, 1), _global(dtypes.float64, 2)
@@ -222,6 +224,7 @@ def test_render_bool_half_double_and_contraction():
     assert "cl_khr_fp16" not in plain and "cl_khr_fp64" not in plain
 
 
+@pytest.mark.no_build
 def test_index_arithmetic_is_plain_and_data_arithmetic_wraps():
     out, inp = _global(dtypes.int32, 0, True), _global(dtypes.int32, 1)
     gidx, two = UOp(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", 4)), _const(2)
@@ -235,6 +238,7 @@ def test_index_arithmetic_is_plain_and_data_arithmetic_wraps():
     assert "as_int(as_uint(val0)*as_uint(2))" in src and "as_int(as_uint(val0)+as_uint(gidx0))" in src
 
 
+@pytest.mark.no_build
 def test_int64_constants_use_opencl_suffixes():
     r = OpenCLRenderer()
     assert r.render_const(-(2**63), dtypes.int64) == "((long)(-9223372036854775807L-1L))"
@@ -386,6 +390,7 @@ def test_platform_by_index_and_name():
         assert out.returncode == 0 and out.stdout.strip() == "[3.0, 6.0]", out.stderr
 
 
+@pytest.mark.no_build
 def test_no_matching_platform_is_a_clear_unavailable_reason():
     env = {"CL_PLATFORM": "no-such-platform-tg"}
     out = subprocess.run([sys.executable, "-m", "tgcore", "devices"], capture_output=True, text=True,
@@ -396,6 +401,7 @@ def test_no_matching_platform_is_a_clear_unavailable_reason():
     assert err.returncode != 0 and "no-such-platform-tg" in err.stderr
 
 
+@pytest.mark.no_build
 def test_without_pyopencl_the_device_is_unavailable_not_a_crash():
     code = """
         import sys
@@ -498,3 +504,30 @@ def test_a_compile_error_shows_the_line_the_log_points_at_and_reports_the_rest(t
     assert report.startswith(str(tmp_path))
     with open(report) as f:
         assert src in f.read()
+
+
+@pytest.mark.no_build
+def test_probe_is_none_exactly_when_the_platform_builds_a_kernel():
+    """A platform that lists a device but cannot build for it (PoCL 3.0's LLVM on a newer CPU) is unavailable, with
+    the compiler's words; one that builds is available, and then a real kernel compiles and runs."""
+    try:
+        platform = get_platform()
+    except Exception as e:  # no platform at all: the probe must say so
+        assert probe() is not None and str(e)[:40] in probe()
+        return
+    import pyopencl as cl
+
+    program = cl.Program(platform.context, "__kernel void k(__global float *a) { a[get_global_id(0)] *= 2.0f; }")
+    try:
+        program.build(devices=[platform.devices[0]])
+        builds = True
+    except cl.Error:
+        builds = False
+    reason = probe()
+    if builds:
+        assert reason is None
+        assert (Tensor([1.5, -2.0], device=DEV) * 2).numpy().tolist() == [3.0, -4.0]
+    else:
+        assert reason is not None and "cannot build a kernel" in reason, reason
+        with pytest.raises(RuntimeError, match="cannot build a kernel"):
+            Tensor([1.0], device=DEV).numpy()

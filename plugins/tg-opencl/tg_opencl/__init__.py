@@ -23,13 +23,14 @@ BASE_DTYPES: tuple[DType, ...] = tuple(dt for dt in ALL_DTYPES if dt not in (dty
 
 
 def probe(device: str = DEVICE) -> Optional[str]:
-    """None when an OpenCL platform has the device `device` ("OPENCL" or "OPENCL:N"), else why it cannot run here.
+    """None when an OpenCL platform has the device `device` ("OPENCL" or "OPENCL:N") and builds kernels for it, else
+    why it cannot run here.
     (The core calls it with no argument, for the device's base name.)"""
     try:
-        get_platform().index(device)
+        platform = get_platform()
+        return platform.build_problem(platform.index(device))
     except (OpenCLUnavailable, ValueError) as e:
         return str(e)
-    return None
 
 
 def device_dtypes() -> tuple[DType, ...]:

@@ -8,6 +8,7 @@ that can go wrong on a machine without OpenCL becomes an `OpenCLUnavailable` who
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -89,6 +90,7 @@ class OpenCLPlatform:
             )
             for d, info in zip(devices, self.infos)
         ]
+        self._build_checked: dict[int, Optional[str]] = {}
 
     def index(self, device: str) -> int:
         """The position of "OPENCL" / "OPENCL:N" among this platform's devices; ValueError when there is none."""
@@ -101,6 +103,39 @@ class OpenCLPlatform:
                 f"set {PLATFORM_ENV} to use another platform"
             )
         return index
+
+    def build_problem(self, index: int) -> Optional[str]:
+        """None when the platform's compiler builds a trivial kernel for device `index`, else why not (checked once).
+
+        A platform can list a device whose compiler cannot target it: PoCL 3.0 from pip (LLVM 14) names a CPU newer
+        than its LLVM "generic" and then rejects that name, so every build fails. Such a device is unavailable, said
+        at probe time, instead of failing at the first kernel."""
+        if index in self._build_checked:
+            return self._build_checked[index]
+        import pyopencl as cl
+
+        problem: Optional[str] = None
+        program = cl.Program(self.context, "__kernel void tg_probe(__global int *a) { a[get_global_id(0)] += 1; }")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program.build(devices=[self.devices[index]])
+        except cl.Error as e:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    log = program.get_build_info(self.devices[index], cl.program_build_info.LOG).strip()
+                except cl.Error:
+                    log = ""
+            detail = " | ".join(line.strip() for line in (log or str(e)).splitlines() if line.strip())[:300]
+            problem = f"{self.name} cannot build a kernel for {self.infos[index].name}: {detail}"
+            if "unknown target CPU" in detail:
+                problem += (
+                    " (this OpenCL compiler's LLVM does not know this CPU: install an OpenCL platform built for it, "
+                    f"or choose another with {PLATFORM_ENV})"
+                )
+        self._build_checked[index] = problem
+        return problem
 
     def synchronize(self) -> None:
         """Wait for every queued command on every device."""
