@@ -18,6 +18,7 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
     raise ImportError("tgcore.onnx needs the onnx package: pip install 'tgcore[onnx]'") from e
 
 from tgcore.device import Device
+from tgcore.onnx import external
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import OnnxError, UnsupportedOp
 from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
@@ -81,25 +82,39 @@ class _Graph:
 class OnnxModel:
     """An ONNX model loaded for a tgcore device: call it with inputs by name, get outputs by name.
 
-    The model is checked with onnx's checker; initializers become tensors on `device` once."""
+    The model is checked with onnx's checker; initializers become tensors on `device` once. Initializers in external
+    files (a model given by its path) are checked and read lazily, at the first run that needs them."""
 
     def __init__(
         self, model: Union[str, os.PathLike, bytes, onnx.ModelProto], device: Optional[str] = None, check: bool = True
     ) -> None:
+        # external data (initializers in files beside the model) is read lazily, from the model's folder only
+        path: Optional[str] = None
+        folder: Optional[str] = None
         if isinstance(model, (str, os.PathLike)):
-            model = onnx.load(os.fspath(model))
+            path = os.fspath(model)
+            model = onnx.load(path, load_external_data=False)
+            folder = os.path.dirname(os.path.abspath(path))
         elif isinstance(model, bytes):
             model = onnx.load_from_string(model)
         elif not isinstance(model, onnx.ModelProto):
             raise TypeError(f"OnnxModel takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
-        if check:
-            onnx.checker.check_model(model)
+        if check:  # (by path where there is one: the checker finds external data files from the model's folder)
+            onnx.checker.check_model(model if path is None else path)
         self.proto, self.opset = model, _opset_of(model)
         self.device = Device.canonicalize(device)
         self.known = Known()
         graph = model.graph
         self.initializers: dict[str, Tensor] = {}
         for init in graph.initializer:
+            if external.is_external(init):
+                if folder is None:
+                    raise OnnxError(
+                        f"initializer {init.name!r} is stored in an external file: pass the model's path to OnnxModel "
+                        "(its folder is where the file is looked for), or load the proto with its external data"
+                    )
+                self.initializers[init.name] = external.load(init, folder, self.device)
+                continue
             arr = numpy_helper.to_array(init)
             self.initializers[init.name] = self.known.put(to_tensor(arr, self.device).realize(), arr)
         self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
