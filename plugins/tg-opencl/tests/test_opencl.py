@@ -531,3 +531,26 @@ def test_probe_is_none_exactly_when_the_platform_builds_a_kernel():
         assert reason is not None and "cannot build a kernel" in reason, reason
         with pytest.raises(RuntimeError, match="cannot build a kernel"):
             Tensor([1.0], device=DEV).numpy()
+
+
+@pytest.mark.no_build
+def test_the_syntax_check_parses_renderings_and_refuses_bad_source(monkeypatch):
+    """Where no platform can build, TG_OPENCL_SYNTAX_CHECK=1 has clang's OpenCL front end parse every rendering."""
+    from tg_opencl import syntax
+
+    if syntax.find_clang() is None:
+        pytest.skip("no clang on PATH: the OpenCL syntax check cannot run here (apt-get install clang)")
+    monkeypatch.setenv(syntax.ENV_CHECK, "1")
+    r = OpenCLRenderer()
+    r.fp16 = r.fp64 = True
+    for dt in (dtypes.float16, dtypes.bfloat16, dtypes.float64, dtypes.int64):
+        out = _global(dt, 0, True)
+        uops = [out, _global(dt, 1)]
+        gid = UOp(UOps.SPECIAL, dtypes.int32, (), (0, "gidx0", 4))
+        x = UOp(UOps.LOAD, dt, (uops[1], gid))
+        y = UOp(UOps.ALU, dt, (x, x), BinaryOps.MUL)
+        uops += [gid, x, y, UOp(UOps.STORE, None, (out, gid, y))]
+        assert "__kernel" in r.render(f"k_{dt.name}", uops)  # parsed by clang, else OpenCLSyntaxError
+    with pytest.raises(syntax.OpenCLSyntaxError, match="does not parse") as e:
+        syntax.check_syntax("bad", "__kernel void bad(__global float *a) { a[0] = no_such_builtin(1.0f); }")
+    assert "no_such_builtin" in e.value.log

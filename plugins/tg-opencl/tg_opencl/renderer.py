@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tg_opencl.cl_platform import DeviceInfo
+from tg_opencl.syntax import check_syntax, syntax_check_enabled
 from tgcore.codegen.uops import UOp
 from tgcore.dtype import DType, PtrDType, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
@@ -87,6 +88,12 @@ class OpenCLRenderer(CStyleLanguage):
         self.shared_is_fast = all(i.local_mem_dedicated for i in infos) if infos else True
         self.fp16 = bool(infos) and all(i.fp16 for i in infos)
         self.fp64 = bool(infos) and all(i.fp64 for i in infos)
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        src = super().render(name, uops)
+        if syntax_check_enabled():  # (TG_OPENCL_SYNTAX_CHECK=1: where no platform here can build, see syntax.py)
+            check_syntax(name, src)
+        return src
 
     # ***** types and constants *****
 
