@@ -2267,40 +2267,49 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     reduce on its own (engine/schedule.py, _Graph._try_fuse_reduce), and every kernel that reads the old target runs
     before the assign. So the walk stops there (a training step's update would otherwise walk the whole forward and
     backward graph again for every parameter, and copy every weight: its forward matmul reads it transposed)."""
-    # whether each (node, below a reduce) reads the target, sources first: a loop, not recursion (graphs can be deeper
-    # than Python's recursion limit), memoized (a graph that reuses nodes would make it exponential)
+    # whether each (base, below a reduce) reads the target, sources first: a loop, not recursion (graphs can be deeper
+    # than Python's recursion limit), memoized by base (a graph that reuses nodes would make it exponential; the views
+    # of one base share its answer). The first hazard found ends the walk: it runs for every assign of a training step
+    if src is target:
+        return False
+    tbase = target._base or target
+    root = src._base or src
+    if root is tbase:
+        return True
+    if root.realized is not None:
+        return False
+    reduce_ops = _REDUCE_OPS
     memo: dict[tuple[int, bool], bool] = {}
-    hazard = False
-    stack: list[tuple[LazyBuffer, bool]] = [(src, False)]
+    stack: list[tuple[LazyBuffer, bool, bool]] = [(root, False, False)]  # (base, below a reduce, sources pushed)
     while stack:
-        n, under_reduce = stack[-1]
-        key = (id(n), under_reduce)
+        b, under, expanded = stack.pop()
+        key = (id(b), under)
         if key in memo:
-            stack.pop()
             continue
-        if n is target:
-            memo[key] = True
-            stack.pop()
+        below = under or b.op in reduce_ops
+        if not expanded:
+            stack.append((b, under, True))
+            for s in b.srcs:
+                if s is target:
+                    continue
+                sb = s._base or s
+                if sb is tbase:  # the target's memory read through another view
+                    return True
+                if sb.realized is None and not (below and sb.op in reduce_ops) and (id(sb), below) not in memo:
+                    stack.append((sb, below, False))
             continue
-        b = n.base
-        if b is target.base:  # the target's memory read through another view
-            hazard = memo[key] = True
-            stack.pop()
-            continue
-        if b.realized is not None or (under_reduce and b.op in _REDUCE_OPS):
-            memo[key] = False
-            stack.pop()
-            continue
-        below = under_reduce or b.op in _REDUCE_OPS
-        todo = [(s, below) for s in b.srcs if (id(s), below) not in memo]
-        if todo:
-            stack.extend(todo)
-            continue
-        memo[key] = any([memo[(id(s), below)] for s in b.srcs])
-        if memo[key] and (n is not b or b.op in _REDUCE_OPS):
-            hazard = True
-        stack.pop()
-    return hazard
+        reads = False
+        for s in b.srcs:
+            if s is target:
+                reads = True
+                continue
+            sb = s._base or s
+            if sb.realized is None and not (below and sb.op in reduce_ops) and memo[(id(sb), below)]:
+                if s is not sb or sb.op in reduce_ops:  # read through a moved view, or by a reduction
+                    return True
+                reads = True
+        memo[key] = reads
+    return memo[(id(root), False)] and (src is not root or root.op in reduce_ops)
 
 
 def _shape(shape: tuple[Any, ...]) -> tuple[sint, ...]:

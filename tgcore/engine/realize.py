@@ -221,6 +221,13 @@ def lower_schedule_item(si: Any) -> ExecItem:
 def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = None) -> None:
     """Run every item in order, then mark its outputs realized."""
     vals = var_vals or {}
+    if len(schedule) == 1:  # one kernel (an op realized in a loop): launched without the general loop's bookkeeping
+        si = schedule[0]
+        if si.ast.op is BufferOps.STORE and si.check is None and not getattr(_capturing, "stack", None):
+            out = si.outputs[0]
+            _run(get_runner(out.device, si.ast), [*si.bufs], vals, False)
+            out.realized, out.srcs = out.buffer, ()
+            return
     failed = compile_ahead(schedule) if len(schedule) > 1 else None
     for i, si in enumerate(schedule):
         if failed is not None and i == failed[0]:
