@@ -341,20 +341,27 @@ class DistributedOptimizer:
             self._checked_layout = layout
         self.reductions = 0
         world = world_size()
+        if world == 1:  # the mean over one rank is the gradient itself
+            return
+        Tensor.realize(*[p.grad for p in self.params])  # type: ignore[misc]
         for bucket in self._buckets():
-            grads = [p.grad for p in bucket]
-            flat = Tensor.cat(*[g.flatten() for g in grads]) if len(grads) > 1 else grads[0].flatten()  # type: ignore
-            arr = _to_host(flat)
-            out = np.empty_like(arr)
-            _wait(_comm().Iallreduce(arr, out, MPI.SUM), "DistributedOptimizer gradient reduction")
-            self.reductions += 1
-            mean = _from_host((out / world).astype(arr.dtype), flat)
+            # one host buffer a bucket: each gradient copied out into its slice, reduced in place, and each slice
+            # copied back as the new gradient (no concatenating or splitting kernels on the device)
+            host_dtype = _host_dtype(bucket[0].grad.dtype)  # type: ignore[union-attr]
+            flat = np.empty(sum(p.grad.numel() for p in bucket), host_dtype.np)  # type: ignore[union-attr]
             at = 0
             for p in bucket:
                 n = p.grad.numel()  # type: ignore[union-attr]
-                p.grad = mean[at : at + n].reshape(p.shape)
+                flat[at : at + n] = _to_host(p.grad).ravel()  # type: ignore[arg-type]
                 at += n
-            Tensor.realize(*[p.grad for p in bucket])  # type: ignore[misc]
+            _wait(_comm().Iallreduce(MPI.IN_PLACE, flat, MPI.SUM), "DistributedOptimizer gradient reduction")
+            self.reductions += 1
+            flat /= world
+            at = 0
+            for p in bucket:
+                n = p.grad.numel()  # type: ignore[union-attr]
+                p.grad = _from_host(flat[at : at + n].reshape(p.shape), p.grad)  # type: ignore[arg-type]
+                at += n
 
     def schedule_step(self) -> list[Tensor]:
         self.reduce_gradients()

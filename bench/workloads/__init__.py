@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from bench.workloads import checks, conv, dispatch, elementwise, embedding, first_call, matmul, models, reduce, train
+from bench.workloads import (
+    checks,
+    conv,
+    dispatch,
+    distributed,
+    elementwise,
+    embedding,
+    first_call,
+    matmul,
+    models,
+    reduce,
+    train,
+)
 
 WORKLOADS: dict[str, ModuleType] = {
     "a": matmul,
@@ -17,4 +29,5 @@ WORKLOADS: dict[str, ModuleType] = {
     "h": models,
     "i": checks,
     "l": embedding,
+    "m": distributed,
 }
