@@ -159,3 +159,23 @@ def test_topk_and_scatter_elements_match_numpy() -> None:
     want = x.copy()
     np.put_along_axis(want, order, 2 * np.take_along_axis(x, order, 1), 1)
     np.testing.assert_array_equal(out["s"].numpy(), want)
+
+
+def test_a_dtype_the_device_lacks_names_the_op_or_initializer(monkeypatch) -> None:  # noqa: ANN001
+    """As on a device without float64: the Cast node, or the initializer, that needs it is named, with the opset."""
+    import tgcore.lazy as lazy
+    from tgcore import Device, dtypes
+
+    dev = Device.DEFAULT
+    lacking = frozenset(d for d in Device[dev].spec.dtypes if d != dtypes.float64)
+    monkeypatch.setitem(lazy._DEVICE_DTYPES, dev, lacking)
+    monkeypatch.setitem(lazy._SUPPORTED, dev, {})
+    cast = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE, name="to_double")
+    out = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])
+    model = OnnxModel(_model([cast], [_vi("x", [2])], [out]), device=dev)
+    with pytest.raises(UnsupportedOp, match=r"Cast \(opset 13\) is not supported: node 'to_double' needs a dtype"):
+        model(x=np.ones(2, np.float32))
+    init = numpy_helper.from_array(np.ones(2, np.float64), "w")
+    add = helper.make_node("Add", ["x", "w"], ["y"])
+    with pytest.raises(UnsupportedOp, match=r"initializer 'w': device .* does not support"):
+        OnnxModel(_model([add], [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])], [out], [init]), dev)

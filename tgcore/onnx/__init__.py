@@ -49,6 +49,11 @@ def _opset_of(model: onnx.ModelProto) -> int:
     raise OnnxError("the model imports no opset of the default ONNX domain")
 
 
+def _is_dtype_refusal(e: TypeError) -> bool:
+    """Whether `e` is the lazy graph's refusal of a dtype the device does not claim (tgcore.lazy._check_dtype)."""
+    return str(e).startswith("device ") and " does not support " in str(e)
+
+
 class _Graph:
     """Runs one GraphProto node by node; subgraphs (If) run through the same loop with the outer values visible."""
 
@@ -71,7 +76,13 @@ class _Graph:
                 raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
             n = Node(node.op_type, self.opset, inputs, _attrs(node), self.device, len(node.output), self.known)
             n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
-            out = fn(n)
+            try:
+                out = fn(n)
+            except TypeError as e:
+                if not _is_dtype_refusal(e):
+                    raise
+                name = f" {node.name!r}" if node.name else ""
+                raise UnsupportedOp(node.op_type, self.opset, f"node{name} needs a dtype its device lacks: {e}") from e
             outs = [out] if isinstance(out, Tensor) else list(out)
             for name, t in zip(node.output, outs):
                 if name:  # (None: an output not produced, or an empty optional)
@@ -116,7 +127,13 @@ class OnnxModel:
                 self.initializers[init.name] = external.load(init, folder, self.device)
                 continue
             arr = numpy_helper.to_array(init)
-            self.initializers[init.name] = self.known.put(to_tensor(arr, self.device).realize(), arr)
+            try:
+                tensor = to_tensor(arr, self.device).realize()
+            except TypeError as e:
+                if not _is_dtype_refusal(e):
+                    raise
+                raise UnsupportedOp("(initializer)", self.opset, f"initializer {init.name!r}: {e}") from e
+            self.initializers[init.name] = self.known.put(tensor, arr)
         self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in graph.output]
         self._input_types = {i.name: i.type for i in graph.input}
