@@ -59,7 +59,9 @@ def table(results: list[Result], runners: list[str], peers: list[str]) -> str:
     for r in results:
         if r.case not in cases:
             cases.append(r.case)
-    columns = [n for n in runners + peers if any(r.runner == n for r in results)]
+    # (a peer that only one workload runs, e.g. onnxruntime, gets its column after the others)
+    extra = [r.runner for r in results if r.runner not in runners + peers]
+    columns = [n for n in dict.fromkeys(runners + peers + extra) if any(r.runner == n for r in results)]
     rows = [["", "case", "unit", *columns]]
     for case in cases:
         mine = [r for r in results if r.case == case]

@@ -14,6 +14,7 @@ from bench.workloads import (
     first_call,
     matmul,
     models,
+    onnx_models,
     reduce,
     train,
 )
@@ -30,4 +31,5 @@ WORKLOADS: dict[str, ModuleType] = {
     "i": checks,
     "l": embedding,
     "m": distributed,
+    "o": onnx_models,
 }
