@@ -34,8 +34,9 @@ except ImportError as e:  # the extra is missing
     ) from e
 
 from tgcore.dtype import DType, dtypes
-from tgcore.engine import realize as _realize
+from tgcore.lazy import LazyBuffer
 from tgcore.nn.state import safe_load, safe_load_metadata, safe_save
+from tgcore.ops import LoadOps
 from tgcore.tensor import Tensor
 
 __all__ = [
@@ -276,16 +277,32 @@ def broadcast_parameters(params: Union[Sequence[Tensor], dict[str, Tensor]], roo
         t.assign(broadcast(t.detach(), root)).realize()
 
 
-def _capturing() -> bool:
-    return bool(getattr(_realize._capturing, "stack", None))
+def _bucket_mean(flat: Tensor) -> Tensor:
+    """The mean over the ranks of a 1-d tensor, as a node of the lazy graph (LoadOps.CUSTOM): it runs when the graph
+    is realized, between the kernels that compute the gradients and those that read the mean, and a TinyJit replay runs
+    it again in that place (the jit records it like a kernel), so a jitted training step reduces every step."""
+    world, travel = world_size(), _host_dtype(flat.dtype)
+    src = (flat.cast(travel) if travel != flat.dtype else flat).contiguous()
+    n = int(flat.shape[0])
+
+    def all_reduce_mean(out: Any, inp: Any) -> None:
+        host = np.empty(n, travel.np)
+        inp.copyout(memoryview(host).cast("B"))
+        _wait(_comm().Iallreduce(MPI.IN_PLACE, host, MPI.SUM), "DistributedOptimizer gradient reduction")
+        host /= world
+        out.copyin(memoryview(host).cast("B"))
+
+    node = LazyBuffer.loadop(LoadOps.CUSTOM, (n,), travel, src.device, all_reduce_mean, (src.lazydata,))
+    mean = Tensor(node, device=src.device, requires_grad=False)
+    return mean if travel == flat.dtype else mean.cast(flat.dtype)
 
 
 class DistributedOptimizer:
     """Wraps an optimizer: `step()` averages its parameters' gradients over the ranks, then steps.
 
     The gradients travel in buckets (all the gradients of one dtype concatenated, up to `bucket_bytes` a bucket), so a
-    step makes a few large reductions instead of one per tensor. Under TinyJit, jit the forward and backward and the
-    update apart, with the reduction between them (the reduction runs on the host, which a replay would skip)."""
+    step makes a few large reductions instead of one per tensor. Each reduction is a node of the lazy graph between
+    backward and update, so a TinyJit-captured training step that calls `step()` reduces on every replay."""
 
     def __init__(self, optimizer: Any, bucket_bytes: int = 25 * 2**20) -> None:
         if bucket_bytes < 1:
@@ -324,12 +341,7 @@ class DistributedOptimizer:
         return buckets
 
     def reduce_gradients(self) -> None:
-        """Replace every parameter's gradient by its mean over the ranks."""
-        if _capturing():
-            raise RuntimeError(
-                "DistributedOptimizer's reduction runs on the host, so TinyJit cannot capture it: jit the forward and "
-                "backward and the update (optimizer.step) apart, and call reduce_gradients() between them"
-            )
+        """Replace every parameter's gradient by its mean over the ranks (lazily: see _bucket_mean)."""
         missing = [tuple(p.shape) for p in self.params if p.grad is None]
         if missing:
             raise RuntimeError(f"parameters of shapes {missing} have no gradient: call backward() before step()")
@@ -340,27 +352,16 @@ class DistributedOptimizer:
                 _check_same(f"DistributedOptimizer (parameter {i})", tuple(p.shape), p.grad.dtype)  # type: ignore
             self._checked_layout = layout
         self.reductions = 0
-        world = world_size()
-        if world == 1:  # the mean over one rank is the gradient itself
+        if world_size() == 1:  # the mean over one rank is the gradient itself
             return
-        Tensor.realize(*[p.grad for p in self.params])  # type: ignore[misc]
         for bucket in self._buckets():
-            # one host buffer a bucket: each gradient copied out into its slice, reduced in place, and each slice
-            # copied back as the new gradient (no concatenating or splitting kernels on the device)
-            host_dtype = _host_dtype(bucket[0].grad.dtype)  # type: ignore[union-attr]
-            flat = np.empty(sum(p.grad.numel() for p in bucket), host_dtype.np)  # type: ignore[union-attr]
-            at = 0
-            for p in bucket:
-                n = p.grad.numel()  # type: ignore[union-attr]
-                flat[at : at + n] = _to_host(p.grad).ravel()  # type: ignore[arg-type]
-                at += n
-            _wait(_comm().Iallreduce(MPI.IN_PLACE, flat, MPI.SUM), "DistributedOptimizer gradient reduction")
+            grads = [p.grad.flatten() for p in bucket]  # type: ignore[union-attr]
+            mean = _bucket_mean(Tensor.cat(*grads) if len(grads) > 1 else grads[0])
             self.reductions += 1
-            flat /= world
             at = 0
             for p in bucket:
                 n = p.grad.numel()  # type: ignore[union-attr]
-                p.grad = _from_host(flat[at : at + n].reshape(p.shape), p.grad)  # type: ignore[arg-type]
+                p.grad = mean[at : at + n].reshape(p.shape)
                 at += n
 
     def schedule_step(self) -> list[Tensor]:

@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 
-from tgcore import Tensor, dtypes, nn
+from tgcore import Tensor, TinyJit, dtypes, nn
 from tgcore import distributed as dist
 from tgcore.nn.state import get_parameters
 
 # the data set and model of the equivalence test: the pytest process builds the same ones for its reference
-N_ITEMS, IN, HIDDEN, OUT, STEPS = 16, 6, 8, 3, 3
+N_ITEMS, IN, HIDDEN, OUT, STEPS = 16, 6, 8, 3, 4  # TinyJit: captured at step 2, replayed at 3 and 4
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +37,22 @@ def train(net: Net, opt, x: np.ndarray, y: np.ndarray) -> None:  # noqa: ANN001
             opt.step()
 
 
+def train_jit(net: Net, opt, x: np.ndarray, y: np.ndarray) -> None:  # noqa: ANN001
+    """The same steps as train, as one TinyJit-captured function (replayed from the third step on)."""
+
+    @TinyJit
+    def step(xt: Tensor, yt: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = net(xt).sparse_categorical_crossentropy(yt)
+        loss.backward()
+        opt.step()
+        return loss.realize()
+
+    with Tensor.train():
+        for _ in range(STEPS):
+            step(Tensor(x), Tensor(y))
+
+
 def main(mode: str, out: str) -> None:
     dist.init()
     r, world = dist.rank(), dist.world_size()
@@ -58,7 +74,7 @@ def main(mode: str, out: str) -> None:
         shares = dist.all_gather(Tensor(dist.DistributedSampler(7, seed=3).indices().astype(np.int32))).numpy()
         assert shares.shape == (2, 4) and set(shares.ravel().tolist()) == set(range(7)), shares
         print(f"rank {r}: collectives right")
-    elif mode == "ddp":
+    elif mode in ("ddp", "ddp-jit"):
         x, y = data()
         net = Net()
         if r == 1:  # weights unlike rank 0's, which broadcast_parameters must replace
@@ -69,7 +85,8 @@ def main(mode: str, out: str) -> None:
             np.savez(os.path.join(out, "init.npz"), *[p.numpy() for p in get_parameters(net)])
         opt = dist.DistributedOptimizer(nn.optim.Adam(get_parameters(net), lr=0.05), bucket_bytes=200)
         half = N_ITEMS // 2
-        train(net, opt, x[r * half : (r + 1) * half], y[r * half : (r + 1) * half])
+        mine_x, mine_y = x[r * half : (r + 1) * half], y[r * half : (r + 1) * half]
+        (train_jit if mode == "ddp-jit" else train)(net, opt, mine_x, mine_y)
         mine = [p.numpy() for p in get_parameters(net)]
         other = dist.all_gather(Tensor(np.concatenate([m.ravel() for m in mine]))).numpy()
         np.testing.assert_array_equal(other[0], other[1])  # the ranks stay in step, bit for bit
