@@ -37,7 +37,7 @@ _SCRIPT = textwrap.dedent(
 
 
 def _run(db: str, dtype: str = "float32", **env: str) -> dict:
-    full = {**os.environ, "CACHEDB": db, **env}
+    full = {**os.environ, "CACHEDB": db, "CACHELEVEL": "2", "DEVICE": "CLANG", **env}
     full.pop("DISABLE_PROGRAM_CACHE", None)
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, dtype], env=full, capture_output=True, text=True, timeout=300, check=True
