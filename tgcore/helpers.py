@@ -338,12 +338,15 @@ class GlobalCounters:
     time_sum_s: ClassVar[float] = 0.0
     kernel_count: ClassVar[int] = 0
     mem_used: ClassVar[int] = 0  # tracks live allocations, so reset() leaves it alone
+    # kernels whose rendered source came from the disk table of rendered kernels (engine/realize.py)
+    program_cache_hits: ClassVar[int] = 0
 
     @staticmethod
     def reset() -> None:
         """Zero the per-run counters."""
         GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0
         GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0.0, 0
+        GlobalCounters.program_cache_hits = 0
 
 
 # **************** timer and profiler ****************
@@ -874,7 +877,6 @@ def lock_temp(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is in place (the descriptor is closed after the rename)
     except OSError:
         pass  # a file system without locks (some network ones): the pid in the name still tells live writers
-
 
 
 # **************** downloads ****************

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import pathlib
+import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -22,7 +26,7 @@ from tgcore.engine.runner import (  # (the runners and the thread pool lived her
     thread_count,
 )
 from tgcore.engine.search import beam_search
-from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored
+from tgcore.helpers import BEAM, DEBUG, NOOPT, GlobalCounters, colored, diskcache_get, diskcache_put, getenv
 from tgcore.ops import BufferOps, LazyOp, LoadOps
 from tgcore.plugin import ProgramSpec, Renderer
 from tgcore.shape.symbolic import Variable
@@ -76,6 +80,150 @@ def get_kernel(renderer: Renderer, ast: LazyOp, device: Optional[str] = None) ->
     return k
 
 
+# the disk table of rendered kernels: a new process that meets a kernel it has seen skips optimizing, linearizing
+# and rendering it (its compiled bytes are then found in the compiler's own table, by source)
+PROGRAM_TABLE = "program"
+# the core's modules whose code decides what a kernel becomes: a change to any of them changes the key
+_LOWERING_MODULES = ("codegen", "renderer", "shape", "ops.py", "dtype.py", "plugin.py", "engine/realize.py")
+
+
+@functools.lru_cache(maxsize=None)
+def _code_digest(extra: tuple[str, ...]) -> str:
+    """sha256 of the source of the core's lowering modules and of the files in `extra` (a renderer's module)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    files: list[pathlib.Path] = []
+    for name in _LOWERING_MODULES:
+        path = root / name
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    files.extend(pathlib.Path(f) for f in extra)
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
+        h.update(f.read_bytes() if f.is_file() else b"<missing>")
+    return h.hexdigest()
+
+
+def _settings_repr(obj: Any) -> str:
+    """The class and every setting of a renderer or compiler (class attributes, then the instance's own)."""
+    cls = type(obj)
+    attrs: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        attrs.update({k: v for k, v in vars(klass).items() if not k.startswith("__") and not callable(v)})
+    attrs.update(getattr(obj, "__dict__", {}))
+    plain = [(k, repr(v)) for k, v in attrs.items() if not isinstance(v, (staticmethod, classmethod, property))]
+    # (a value shown by its address, a handle, differs in every process: it is no setting the key could match)
+    return f"{cls.__module__}.{cls.__qualname__}{sorted((k, r) for k, r in plain if ' at 0x' not in r)}"
+
+
+def _ast_text(ast: LazyOp) -> str:
+    """The AST as text, each node once (by identity: a shared subtree is written once, not once per use)."""
+    index: dict[int, int] = {}
+    lines: list[str] = []
+
+    def visit(n: LazyOp) -> int:
+        if (i := index.get(id(n))) is not None:
+            return i
+        srcs = [visit(x) for x in n.src]
+        lines.append(f"{n.op}|{srcs}|{n.arg!r}")
+        index[id(n)] = len(lines) - 1
+        return index[id(n)]
+
+    visit(ast)
+    return "\n".join(lines)
+
+
+def _program_key(device: str, ast: LazyOp) -> Optional[str]:
+    """The disk key of the rendered kernel for `ast` on `device` under this process's settings: everything that can
+    change the program goes in (the AST with its exact constants, the renderer's and compiler's class and settings,
+    the compiler's cache table, NOOPT, the code of the lowering modules); None when it is not cached (a BEAM search
+    keeps its own table of choices, and a kernel with symbolic variables would need them rebuilt)."""
+    if BEAM >= 1 or getenv("DISABLE_PROGRAM_CACHE") != 0:
+        return None
+    text = _ast_text(ast)
+    if "Variable" in text or "Node" in text:  # symbolic shapes
+        return None
+    dev = Device[device]
+    renderer, compiler = dev.renderer, dev.compiler
+    if compiler.cachekey is None:
+        return None
+    modules = tuple(getattr(sys.modules.get(type(x).__module__), "__file__", None) or "" for x in (renderer, compiler))
+    parts = (
+        device,
+        text,
+        repr(_exact_consts(ast)),
+        _settings_repr(renderer),
+        _settings_repr(compiler),
+        compiler.cachekey,
+        str(NOOPT.value),
+        _code_digest(modules),
+    )
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def _stored_program(device: str, key: str) -> Optional[ProgramSpec]:
+    """The ProgramSpec stored under `key`, or None when there is none or it is not what was stored (then the kernel
+    is lowered again)."""
+    try:
+        val = diskcache_get(PROGRAM_TABLE, key)
+        if not isinstance(val, dict):
+            return None
+
+        def sizes(v: Any) -> Optional[tuple[int, ...]]:
+            if v is None:
+                return None
+            if not isinstance(v, (list, tuple)) or not all(type(n) is int for n in v):
+                raise TypeError(f"launch size {v!r}")
+            return tuple(v)
+
+        name, src = val["name"], val["src"]
+        if not isinstance(name, str) or not isinstance(src, str) or not src:
+            return None
+        extent = val["thread_extent"]
+        if extent is not None and type(extent) is not int:
+            return None
+        ints = [val["op_estimate"], val["mem_estimate"]]
+        if not all(type(n) is int for n in ints):
+            return None
+        return ProgramSpec(
+            name,
+            src,
+            device,
+            sizes(val["global_size"]),
+            sizes(val["local_size"]),
+            (),
+            sizes(val["outputs"]) or (0,),
+            ints[0],
+            ints[1],
+            [],
+            extent,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def lower_program(device: str, ast: LazyOp) -> ProgramSpec:
+    """The rendered kernel for `ast` on `device`: from the disk table of rendered kernels when this setting saw it
+    before, else optimized, linearized and rendered (and stored there when it has no symbolic variables)."""
+    key = _program_key(device, ast)
+    if key is not None and (spec := _stored_program(device, key)) is not None:
+        GlobalCounters.program_cache_hits += 1
+        return spec
+    spec = to_program(get_kernel(Device[device].renderer, ast, device))
+    if key is not None and not spec.variables:
+        val = {
+            "name": spec.name,
+            "src": spec.src,
+            "global_size": spec.global_size,
+            "local_size": spec.local_size,
+            "outputs": spec.outputs,
+            "op_estimate": int(spec.op_estimate),
+            "mem_estimate": int(spec.mem_estimate),
+            "thread_extent": spec.thread_extent,
+        }
+        diskcache_put(PROGRAM_TABLE, key, val)
+    return spec
+
+
 def _runner_key(device: str, ast: LazyOp) -> tuple[Any, ...]:
     return (device, ast, _exact_consts(ast), NOOPT.value, BEAM.value)
 
@@ -103,9 +251,7 @@ def get_runner(device: str, ast: LazyOp) -> CompiledRunner:
         return hit[1]
     key = _runner_key(device, ast)
     if (runner := _runner_cache.get(key)) is None:
-        runner = _runner_cache[key] = CompiledRunner(
-            device, to_program(get_kernel(Device[device].renderer, ast, device))
-        )
+        runner = _runner_cache[key] = CompiledRunner(device, lower_program(device, ast))
     _remember_by_id(by_id, ast, runner)
     return runner
 
@@ -143,7 +289,7 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
     failed: Optional[tuple[int, Exception]] = None
     for i, device, ast, key in pending:
         try:
-            spec = to_program(get_kernel(Device[device].renderer, ast, device))
+            spec = lower_program(device, ast)
         except Exception as e:
             failed = (i, e)
             break
