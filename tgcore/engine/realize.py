@@ -103,6 +103,22 @@ def _code_digest(extra: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def _package_files(module_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Every .py file of the top-level packages that define these modules (a plugin's renderer and compiler): a change
+    anywhere in the plugin (a helper its renderer imports) changes the key, not only the files of the two classes."""
+    files: list[str] = []
+    for name in module_names:
+        top = sys.modules.get(name.split(".")[0])
+        where = getattr(top, "__file__", None)
+        if where is None:
+            continue
+        folder = pathlib.Path(where).parent
+        found = sorted(folder.rglob("*.py")) if pathlib.Path(where).name == "__init__.py" else [pathlib.Path(where)]
+        files.extend(str(f) for f in found if "tgcore" not in f.relative_to(folder.parent).parts[:1])
+    return tuple(dict.fromkeys(files))
+
+
 def _settings_repr(obj: Any) -> str:
     """The class and every setting of a renderer or compiler (class attributes, then the instance's own)."""
     cls = type(obj)
@@ -146,7 +162,7 @@ def _program_key(device: str, ast: LazyOp) -> Optional[str]:
     renderer, compiler = dev.renderer, dev.compiler
     if compiler.cachekey is None:
         return None
-    modules = tuple(getattr(sys.modules.get(type(x).__module__), "__file__", None) or "" for x in (renderer, compiler))
+    modules = _package_files(tuple(type(x).__module__ for x in (renderer, compiler)))
     parts = (
         device,
         text,
