@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 
-# every compile in this process is a real one (workload g measures them): no compiled kernel comes from the disk
+# every compile in this process is a real one (workloads g and h measure them): no compiled kernel comes from the disk
 # cache. Set before tgcore or tinygrad looks
 os.environ["DISABLE_COMPILER_CACHE"] = "1"
+os.environ["DISABLE_PROGRAM_CACHE"] = "1"  # (nor a rendered kernel from the disk table: first calls lower every kernel)
 
 import argparse  # noqa: E402
 import sys  # noqa: E402
@@ -174,7 +175,11 @@ def _print_header(meta: dict) -> None:
             "every figure is lower than on an idle machine, and multi-threaded ones (numpy's BLAS, torch) can drop "
             "by far more"
         )
-    env = {k: v for k, v in meta["env"].items() if v is not None and k != "DISABLE_COMPILER_CACHE"}
+    env = {
+        k: v
+        for k, v in meta["env"].items()
+        if v is not None and k not in ("DISABLE_COMPILER_CACHE", "DISABLE_PROGRAM_CACHE")
+    }
     if "OPENBLAS_CORETYPE" in env or "OPENBLAS_L2_SIZE" in env:
         print(
             f"WARNING: {env} is set: numpy's OpenBLAS runs the kernel it names, not this processor's; for a fair "

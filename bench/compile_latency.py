@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 os.environ["DISABLE_COMPILER_CACHE"] = "1"  # before tgcore looks: every compile below must really compile
+os.environ["DISABLE_PROGRAM_CACHE"] = "1"  # and every kernel be lowered (not read from the disk table)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -96,7 +97,7 @@ def stages(device: str, rng: random.Random) -> tuple[float, float, float]:
 def randn_in_new_process(device: str, dtype: str, cache_db: str) -> tuple[float, float, float]:
     """(seconds to import tgcore, seconds from there to the first result, the result) of randn(1024, 1024).max() in
     a new Python process whose disk cache is `cache_db` (a new file: an empty cache)."""
-    env = {k: v for k, v in os.environ.items() if k != "DISABLE_COMPILER_CACHE"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DISABLE_COMPILER_CACHE", "DISABLE_PROGRAM_CACHE")}
     env["CACHEDB"] = cache_db
     proc = subprocess.run(
         [sys.executable, "-c", _RANDN_SCRIPT, device, dtype], env=env, capture_output=True, text=True, check=False

@@ -382,6 +382,13 @@ def environment() -> dict[str, Any]:
         },
         "env": {
             k: os.environ.get(k)
-            for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "DISABLE_COMPILER_CACHE", "CC")
+            for k in (
+                "OPENBLAS_CORETYPE",
+                "OPENBLAS_L2_SIZE",
+                "OMP_NUM_THREADS",
+                "DISABLE_COMPILER_CACHE",
+                "DISABLE_PROGRAM_CACHE",
+                "CC",
+            )
         },
     }
