@@ -15,23 +15,13 @@ import argparse
 import time
 
 import numpy as np
+from mlp_digits import MLP  # the demo's model (this folder is on the path of a script run from it)
 from sklearn.datasets import load_digits
 
 from tgcore import Device, Tensor
 from tgcore import distributed as dist
-from tgcore.nn import Linear
 from tgcore.nn.optim import Adam
 from tgcore.nn.state import get_state_dict, load_state_dict
-
-
-class MLP:
-    def __init__(self, sizes: list[int]) -> None:
-        self.layers = [Linear(a, b) for a, b in zip(sizes, sizes[1:])]
-
-    def __call__(self, x: Tensor) -> Tensor:
-        for layer in self.layers[:-1]:
-            x = layer(x).relu()
-        return self.layers[-1](x)
 
 
 def main() -> float:

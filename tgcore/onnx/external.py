@@ -13,7 +13,7 @@ import os
 
 import onnx
 
-from tgcore.dtype import dtypes
+from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod
 from tgcore.onnx.errors import OnnxError
 from tgcore.onnx.registry import onnx_to_dtype
@@ -40,8 +40,8 @@ def _whole(init: onnx.TensorProto, key: str, text: str) -> int:
     return int(text)
 
 
-def resolve(init: onnx.TensorProto, folder: str) -> tuple[str, int, int]:
-    """(the real path of the file, offset, length) of an external initializer, each checked against `folder`."""
+def resolve(init: onnx.TensorProto, folder: str) -> tuple[str, int, int, DType]:
+    """(the real path of the file, offset, length, dtype) of an external initializer, each checked against `folder`."""
     entries = _entries(init)
     location = entries["location"]
     if os.path.isabs(location) or "\x00" in location:
@@ -75,13 +75,12 @@ def resolve(init: onnx.TensorProto, folder: str) -> tuple[str, int, int]:
             f"initializer {init.name!r}: bytes {offset}..{offset + length} of {location!r} are past its end "
             f"({size} bytes)"
         )
-    return path, offset, length
+    return path, offset, length, dtype
 
 
 def load(init: onnx.TensorProto, folder: str, device: str) -> Tensor:
     """The external initializer as a lazy tensor on `device`: a checked view of the file, read at first use."""
-    path, offset, length = resolve(init, folder)
-    dtype = onnx_to_dtype(init.data_type, "(initializer)")
+    path, offset, length, dtype = resolve(init, folder)
     shape = tuple(init.dims)
     if length == 0:
         return Tensor.zeros(*shape, dtype=dtype, device=device).contiguous()
