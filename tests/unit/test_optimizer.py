@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tgcore import Device, Tensor, dtypes
-from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.kernel import BLOCK_REDUCE, PANEL_TILES, Kernel, KernelOptError, Opt, OptOps
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
 from tgcore.device import Buffer
@@ -248,13 +248,41 @@ def test_hoisted_reduce_keeps_results_on_python() -> None:
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_hoisted_reduce_keeps_results_on_cpu_devices(device: str) -> None:
     check(device, lambda a, b: a @ b, data((8, 32)), data((32, 32)), opts=HOISTED)
-    # big enough for the heuristics to block it for the cache
-    k = check(device, lambda a, b: a @ b, data((16, 512)), data((512, 256)))
+    # big enough for the heuristics to block it for the cache (64 rows: more than one tile of rows on any target)
+    k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert OptOps.HOIST in {o.op for o in k.applied_opts}
-    # a reduce of 392 steps runs in blocks of 196, and 10 column tiles in panels of 5
-    k = check(device, lambda a, b: a @ b, data((16, 392)), data((392, 320)))
+    # a reduce of 392 steps runs in blocks of 196, and the column tiles in panels of PANEL_TILES or a near count
+    # that divides them: 320 columns are 40 tiles of 8 (AVX2: panels of 4) or 10 tiles of 32 (AVX-512: of 5)
+    k = check(device, lambda a, b: a @ b, data((64, 392)), data((392, 320)))
     splits = [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT]
-    assert OptOps.HOIST in {o.op for o in k.applied_opts} and 196 in splits and 5 in splits
+    tiles = 320 // tile_columns(k)
+    panel = next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if tiles % p == 0)
+    assert OptOps.HOIST in {o.op for o in k.applied_opts} and splits == [panel, 196]
+
+
+@pytest.mark.parametrize("lanes, registers", [(4, 16), (8, 16), (16, 32)])  # SSE, AVX2, AVX-512 float32 vectors
+def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) -> None:
+    # the heuristics' blocking on targets other than this CPU (their kernels are not run here: only planned)
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = registers
+    width = lanes * (2 if registers >= 32 else 1)
+    for (m, n, steps), (panel, block) in {(512, 256, 512): (PANEL_TILES, 256), (392, 320, 392): (None, 196)}.items():
+        k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, m)), data((m, n))).ast, renderer)
+        k.hand_coded_optimizations()
+        tiles = n // width
+        panel = panel or next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1) if tiles % p == 0)
+        assert tile_columns(k) == width
+        assert [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT] == [panel, block]
+        assert k.applied_opts[-2:] == [Opt(OptOps.HOIST, 2, 1), Opt(OptOps.PACK, 1, 0)]
+        assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [panel * block * width]
+
+
+def tile_columns(k: Kernel) -> int:
+    """How many columns the heuristics gave a matmul tile (their first opt: the column axis's UPCAST), which
+    depends on the target's vector width and registers."""
+    assert k.applied_opts[0].op is OptOps.UPCAST and k.applied_opts[0].axis == 1
+    return k.applied_opts[0].amount
 
 
 def test_hoist_is_refused_where_it_cannot_keep_results() -> None:
@@ -304,11 +332,16 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     # the heuristics pack the right-hand block of a blocked matmul, whose rows are a power of two apart
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
-    assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [4 * 256 * 32]
-    # a @ b.T: b's block is gathered into the pack, two vectors wide, and the tile's vectors run along the output
+    # (the block: a panel of PANEL_TILES tiles, BLOCK_REDUCE steps)
+    assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [
+        PANEL_TILES * BLOCK_REDUCE * tile_columns(k)
+    ]
+    # a @ b.T: b's block is gathered into the pack, two vectors wide where the target has the registers for such a
+    # tile (32: AVX-512), else one, and the tile's vectors run along the output
     k = check(device, lambda a, b: a @ b.T, data((64, 512)), data((256, 512)))
-    width = Device[device].renderer.vector_widths[dtypes.float32]
-    assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, 2 * width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
+    renderer = Device[device].renderer
+    width = renderer.vector_widths[dtypes.float32] * (2 if renderer.vector_registers >= 32 else 1)
+    assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
     # and, in a Linear layer (x @ w.T + b), w's rows for one tile of columns, which are gathered once so
     check(device, lambda a, w: a @ w.T, data((8, 32)), data((32, 32)), opts=GATHERED)
     for dtype in (dtypes.float64, dtypes.float16, dtypes.int32):  # blocks of other element types
