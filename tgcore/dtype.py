@@ -45,6 +45,10 @@ class DType:
     def _fields(self) -> tuple:
         return (self.priority, self.itemsize, self.name, self.fmt, self.count)
 
+    def __getstate__(self) -> dict:
+        # the cached hash is of strings, which hash differently in each process: a pickle carries the fields only
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __repr__(self) -> str:
         if self.count > 1:
             return f"dtypes.{self.scalar().short_name}.vec({self.count})"

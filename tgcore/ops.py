@@ -148,6 +148,14 @@ class LazyOp:
     def __hash__(self) -> int:
         return self._hash  # type: ignore[attr-defined]
 
+    # the hash is of strings among others, which hash differently in each process: a pickle carries the fields only
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, LazyOp) and _same_ast(self, other, set()))
 

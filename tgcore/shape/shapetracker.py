@@ -18,6 +18,9 @@ from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sin
 from tgcore.shape.view import View, _canon, _plain_ints, _prod
 
 _MOVES_KEPT = 16
+_ADDED_KEPT = 1 << 15
+# (a, b) -> a + b, for trackers without Variables
+_ADDED: Dict[Tuple["ShapeTracker", "ShapeTracker"], "ShapeTracker"] = {}
 
 
 def _view_expr(view: View, idxs: Sequence[Node]) -> Tuple[Node, Node]:
@@ -113,6 +116,9 @@ class ShapeTracker:
             h = hash(self.views)
             object.__setattr__(self, "_hash", h)
         return h
+
+    def __getstate__(self) -> Dict[str, Any]:  # (a hash of Variables' names differs in another process: not pickled)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @staticmethod
     def from_shape(shape: Sequence[sint]) -> "ShapeTracker":
@@ -273,10 +279,26 @@ class ShapeTracker:
         reads self's buffer directly. Views of `st` go on top of self's, merged where possible."""
         if not isinstance(st, ShapeTracker):
             return NotImplemented
+        # remembered for trackers without Variables (a bound Variable equals the unbound one, so a remembered sum
+        # could carry another binding): the scheduler composes the same pairs for every kernel that reads a tensor
+        plain = self._plain() and st._plain()
+        if plain and (hit := _ADDED.get((self, st))) is not None:
+            return hit
         ret = self
         for v in st.views:
             ret = ShapeTracker(ret.views + (v,)).simplify()
+        if plain:
+            if len(_ADDED) >= _ADDED_KEPT:
+                _ADDED.clear()
+            _ADDED[(self, st)] = ret
         return ret
+
+    def _plain(self) -> bool:
+        """Whether no view has a symbolic Variable (computed once)."""
+        d = self.__dict__
+        if "_plain_views" not in d:
+            object.__setattr__(self, "_plain_views", not self.vars())
+        return d["_plain_views"]
 
     def invert(self, out_shape: Sequence[sint]) -> Optional["ShapeTracker"]:
         """For a tracker that permutes/flips/reshapes a buffer of `out_shape`, the tracker that reads a

@@ -40,6 +40,9 @@ __all__ = ["Node", "NumNode", "Variable", "MulNode", "DivNode", "ModNode", "SumN
            "sint", "create_lt_node", "sym_infer", "sym_render", "NODE_KINDS"]
 
 
+_setattr = object.__setattr__  # (Nodes are immutable: their constructors set their slots through this)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -98,12 +101,25 @@ class Node:
             object.__setattr__(self, k, v)
 
     def _bounds(self, lo: int, hi: int) -> None:
-        if not (_is_int(lo) and _is_int(hi)):
+        # (every Node is built through here: the plain-int test first, then the full one)
+        if (lo.__class__ is not int or hi.__class__ is not int) and not (_is_int(lo) and _is_int(hi)):
             raise TypeError(f"node bounds must be ints, got {lo!r}, {hi!r}")
-        self._set(min=lo, max=hi, _hash=None)
+        _setattr(self, "min", lo)
+        _setattr(self, "max", hi)
+        _setattr(self, "_hash", None)
 
     def __setattr__(self, key, value):
         raise AttributeError(f"{type(self).__name__} is immutable")
+
+    # pickling: the slots but the cached hash, which is of names that hash differently in another process
+    def __getstate__(self):
+        slots = (k for cls in type(self).__mro__ for k in getattr(cls, "__slots__", ()))
+        return {k: getattr(self, k) for k in slots if k != "_hash" and hasattr(self, k)}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "_hash", None)
 
     def __delattr__(self, key):
         raise AttributeError(f"{type(self).__name__} is immutable")
@@ -127,7 +143,7 @@ class Node:
         h = self._hash
         if h is None:
             h = hash((type(self).__name__,) + self._key())
-            self._set(_hash=h)
+            _setattr(self, "_hash", h)
         return h
 
     def __bool__(self) -> bool:
@@ -280,17 +296,24 @@ class Node:
     def sum(nodes: Iterable[Union[int, "Node"]]) -> "Node":
         """Simplified sum: flattens sums, folds constants, combines like terms, fuses (x//k)*k + x%k."""
         terms: Dict[Node, int] = {}
+        given: Dict[Node, Node] = {}  # a base met once, in a term taken as it was: that term is reused as it is
         const = 0
-        todo: List[Tuple[Node, int]] = [(_to_node(n), 1) for n in nodes]
+        todo: List[Tuple[Node, int]] = [(_to_node(n), 1) for n in reversed(list(nodes))]
         while todo:
-            n, mul = todo.pop(0)
+            n, mul = todo.pop()
             if isinstance(n, NumNode):
                 const += n.b * mul
             elif isinstance(n, SumNode):
-                todo[0:0] = [(x, mul) for x in n.nodes]
+                todo.extend((x, mul) for x in reversed(n.nodes))
             else:
                 c, base = _split_coef(n)
-                terms[base] = terms.get(base, 0) + c * mul
+                if base in terms:
+                    terms[base] += c * mul
+                    given.pop(base, None)
+                else:
+                    terms[base] = c * mul
+                    if mul == 1:
+                        given[base] = n
         # fuse (x//k)*(c*k) + (x%k)*c -> x*c
         changed = True
         while changed:
@@ -308,9 +331,10 @@ class Node:
                         else:
                             c2, b2 = _split_coef(n2)
                             terms[b2] = terms.get(b2, 0) + c2
+                            given.pop(b2, None)
                     changed = True
                     break
-        out: List[Node] = [base._mul_int(c) for base, c in terms.items() if c != 0]
+        out: List[Node] = [given[base] if base in given else base._mul_int(c) for base, c in terms.items() if c != 0]
         if const != 0:
             out.append(NumNode(const))
         if not out:
@@ -462,7 +486,7 @@ class NumNode(Node):
         if not isinstance(b, int):
             raise TypeError(f"NumNode needs an int, got {b!r}")
         b = int(b)
-        self._set(b=b)
+        _setattr(self, "b", b)
         self._bounds(b, b)
 
     def _key(self) -> tuple:
@@ -516,7 +540,8 @@ class Variable(Node):
             raise TypeError(f"Variable bounds must be ints, got {nmin!r}, {nmax!r}")
         if nmin > nmax:
             raise ValueError(f"Variable {expr}: min {nmin} > max {nmax}")
-        self._set(expr=expr, val=None)
+        _setattr(self, "expr", expr)
+        _setattr(self, "val", None)
         self._bounds(nmin, nmax)
 
     def _key(self) -> tuple:
@@ -572,7 +597,8 @@ class MulNode(Node):
 
     def __init__(self, a: Node, b: Union[int, Node]):
         b = _unnum(b)
-        self._set(a=a, b=b)
+        _setattr(self, "a", a)
+        _setattr(self, "b", b)
         if isinstance(b, Node):
             corners = [a.min * b.min, a.min * b.max, a.max * b.min, a.max * b.max]
             self._bounds(min(corners), max(corners))
@@ -629,7 +655,8 @@ class DivNode(Node):
     def __init__(self, a: Node, b: int):
         if not _is_int(b) or b <= 0:
             raise ValueError(f"DivNode needs a positive int divisor, got {b!r}")
-        self._set(a=a, b=b)
+        _setattr(self, "a", a)
+        _setattr(self, "b", b)
         self._bounds(a.min // b, a.max // b)
 
     def _key(self) -> tuple:
@@ -661,7 +688,8 @@ class ModNode(Node):
     def __init__(self, a: Node, b: int):
         if not _is_int(b) or b <= 0:
             raise ValueError(f"ModNode needs a positive int divisor, got {b!r}")
-        self._set(a=a, b=b)
+        _setattr(self, "a", a)
+        _setattr(self, "b", b)
         if a.min // b == a.max // b:
             self._bounds(a.min % b, a.max % b)
         else:
@@ -696,7 +724,7 @@ class SumNode(Node):
 
     def __init__(self, nodes: Tuple[Node, ...]):
         nodes = tuple(_to_node(n) for n in nodes)
-        self._set(nodes=nodes)
+        _setattr(self, "nodes", nodes)
         self._bounds(sum(n.min for n in nodes), sum(n.max for n in nodes))
 
     def _key(self) -> tuple:
@@ -756,7 +784,7 @@ class AndNode(Node):
 
     def __init__(self, nodes: Tuple[Node, ...]):
         nodes = tuple(_to_node(n) for n in nodes)
-        self._set(nodes=nodes)
+        _setattr(self, "nodes", nodes)
         always = all(n.min > 0 or n.max < 0 for n in nodes)
         never = any(n.min == n.max == 0 for n in nodes)
         self._bounds(1 if always else 0, 0 if never else 1)
@@ -786,7 +814,8 @@ class LtNode(Node):
 
     def __init__(self, a: Node, b: Union[int, Node]):
         b = _unnum(b)
-        self._set(a=a, b=b)
+        _setattr(self, "a", a)
+        _setattr(self, "b", b)
         bmin, bmax = (b.min, b.max) if isinstance(b, Node) else (b, b)
         self._bounds(1 if a.max < bmin else 0, 0 if a.min >= bmax else 1)
 

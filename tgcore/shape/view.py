@@ -226,6 +226,9 @@ class View:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self) -> dict:  # (a hash of Variables' names differs in another process: not pickled)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     # ---- info ---------------------------------------------------------------------------------
     def size(self) -> int:
         """Number of elements (symbolic sizes count with their max)."""
