@@ -24,6 +24,7 @@ from tgcore.plugin import (
     HUGE_PAGE,
     MAX_BUFFER_BYTES,
     Allocator,
+    Collective,
     CompileError,
     Compiler,
     DeviceSpec,
@@ -216,6 +217,20 @@ class Compiled:
         """Wait for every queued operation on this device."""
         if self.allocator.supports_synchronize:
             self.allocator.synchronize()
+
+    @property
+    def collective(self) -> Optional[Collective]:
+        """The device's optional Collective (plugin API 2.1: the tg_collective hook), asked once; None when no plugin
+        offers one (then tgcore.distributed copies through host arrays)."""
+        if "_collective" not in self.__dict__:
+            got = plugins.part("tg_collective", self.name.split(":")[0], self.name)
+            if got is not None and not isinstance(got, Collective):
+                raise TypeError(
+                    f"the tg_collective hook for device {self.name} returned a {type(got).__name__}, not a "
+                    "tgcore.plugin.Collective (or None)"
+                )
+            self._collective = got
+        return self._collective
 
     def __repr__(self) -> str:
         return f"<Compiled {self.name}>"

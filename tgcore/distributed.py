@@ -9,12 +9,14 @@ averages gradients across ranks (the extra `tgcore[mpi]`: mpi4py and MPICH from 
     opt = dist.DistributedOptimizer(nn.optim.Adam(params))
     ... loss.backward(); opt.step()                   # gradients averaged over the ranks, then the update
 
-Collectives go through host memory: each tensor is realized, copied out, reduced by MPI on the numpy buffer and copied
-back to a new tensor on its device, in its dtype. Every collective first compares the tensor's shape and dtype across
-the ranks (so a mismatch is an error that names each rank's shape, not a hang or garbage), and waits at most
-`TGCORE_MPI_TIMEOUT` seconds (default 300): a rank that died or hangs makes the others fail with a clear error and end
-the job, instead of waiting forever. After `init()`, an exception that no one catches on any rank prints its traceback
-and aborts the whole job, so the other ranks stop at once.
+Where the tensor's device offers a Collective (plugin API 2.1, the `tg_collective` hook; CPU devices whose memory is
+host memory do), MPI reads and writes the tensors' own memory: no copy to or from a host array. Elsewhere (and for
+dtypes MPI has no type for, and with TGCORE_MPI_HOST_COPY=1) each tensor is realized, copied out, reduced by MPI on
+the numpy buffer and copied back to a new tensor on its device, in its dtype. Every collective first compares the
+tensor's shape and dtype across the ranks (so a mismatch is an error that names each rank's shape, not a hang or
+garbage), and waits at most `TGCORE_MPI_TIMEOUT` seconds (default 300): a rank that died or hangs makes the others fail
+with a clear error and end the job, instead of waiting forever. After `init()`, an exception that no one catches on any
+rank prints its traceback and aborts the whole job, so the other ranks stop at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ except ImportError as e:  # the extra is missing
         "tgcore.distributed needs mpi4py and an MPI library: pip install './[mpi]' (mpi4py and mpich from pip)"
     ) from e
 
+from tgcore.device import Buffer, Device
 from tgcore.dtype import DType, dtypes
 from tgcore.lazy import LazyBuffer
 from tgcore.nn.state import safe_load, safe_load_metadata, safe_save
@@ -49,6 +52,7 @@ __all__ = [
     "broadcast",
     "all_gather",
     "barrier",
+    "in_place_count",
     "DistributedSampler",
     "broadcast_parameters",
     "DistributedOptimizer",
@@ -57,9 +61,15 @@ __all__ = [
 ]
 
 TIMEOUT_ENV = "TGCORE_MPI_TIMEOUT"
+HOST_COPY_ENV = "TGCORE_MPI_HOST_COPY"  # 1: copy through host arrays even where the device offers its memory in place
 _REDUCE_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 _SIGNATURE_LEN = 34  # ndim, up to 32 dims, a dtype code: a fixed-size int64 record per rank
 _DTYPE_CODES = {dt.name: i for i, dt in enumerate(dtypes.fields().values())}
+# the dtypes MPI reduces on a device's own memory (those with a numpy type MPI knows, bool excepted)
+_IN_PLACE_DTYPES = frozenset(
+    (dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64,
+     dtypes.float32, dtypes.float64)
+)
 
 
 class DistributedError(RuntimeError):
@@ -70,6 +80,7 @@ class _State:
     comm: Optional[Any] = None
     local_rank = 0
     previous_excepthook: Any = None
+    in_place = 0  # collectives (and gradient buckets) MPI ran on the devices' own memory: tests and the bench read it
 
 
 def init(comm: Optional[Any] = None) -> None:
@@ -183,6 +194,52 @@ def _to_host(t: Tensor) -> np.ndarray:
     return np.ascontiguousarray(host.numpy())
 
 
+def _device_memory(buf: Buffer) -> Any:
+    """What MPI reads and writes in place as realized buffer `buf`'s memory, from its device's Collective, as an mpi4py
+    buffer spec ([memory, MPI datatype]); None when the memory must travel through a host array instead."""
+    if os.environ.get(HOST_COPY_ENV, "").strip() not in ("", "0") or buf.dtype not in _IN_PLACE_DTYPES:
+        return None
+    device = Device[buf.device]
+    if (collective := device.collective) is None:
+        return None
+    if (memory := collective.mpi_buffer(device.allocator, buf._opaque, buf.nbytes)) is None:
+        return None
+    device.synchronize()  # (the kernels that wrote it are done before MPI reads it)
+    return [memory, MPI._typedict[np.dtype(buf.dtype.np).char]]
+
+
+def in_place_count() -> int:
+    """How many collectives of this process ran on the devices' own memory (no copy through a host array)."""
+    return _State.in_place
+
+
+def _realized(t: Tensor) -> Buffer:
+    """The buffer of `t` realized with its own contiguous layout (t's own buffer when it is one already)."""
+    buf = t.contiguous().realize().lazydata.base.realized
+    assert buf is not None
+    return buf
+
+
+def _fresh(shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Buffer]:
+    """A new realized tensor of `shape` in like's dtype and device, with memory of its own (for MPI to write into)."""
+    out = Tensor.empty(*shape, dtype=like.dtype, device=like.device).realize()
+    buf = out.lazydata.base.realized
+    assert buf is not None
+    return out, buf
+
+
+def _in_place(t: Tensor) -> bool:
+    """Whether t's collective runs on its device's memory itself (see _device_memory); a sharded tensor does not."""
+    return (
+        isinstance(t.device, str)
+        and t.dtype in _IN_PLACE_DTYPES
+        and os.environ.get(HOST_COPY_ENV, "").strip() in ("", "0")
+        and Device[t.device].collective is not None
+        and all(isinstance(d, int) for d in t.shape)
+        and t.numel() > 0
+    )
+
+
 def _from_host(arr: np.ndarray, like: Tensor) -> Tensor:
     out = Tensor(arr, device=like.device, dtype=_host_dtype(like.dtype))
     return out if out.dtype == like.dtype else out.cast(like.dtype)
@@ -195,6 +252,13 @@ def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
     if op == "mean" and not dtypes.is_float(t.dtype):
         raise TypeError(f"all_reduce mean needs a float tensor, got {t.dtype.name}: reduce with 'sum' and divide")
     _check_same(f"all_reduce({op})", tuple(t.shape), t.dtype)
+    if _in_place(t):
+        out, buf = _fresh(tuple(t.shape), t)
+        src, dest = _device_memory(_realized(t)), _device_memory(buf)
+        if src is not None and dest is not None:
+            _wait(_comm().Iallreduce(src, dest, _REDUCE_OPS[op]), f"all_reduce({op})")
+            _State.in_place += 1
+            return out / world_size() if op == "mean" else out
     arr = _to_host(t)
     out = np.empty_like(arr)
     _wait(_comm().Iallreduce(arr, out, _REDUCE_OPS[op]), f"all_reduce({op})")
@@ -208,6 +272,14 @@ def broadcast(t: Tensor, root: int = 0) -> Tensor:
     if not 0 <= root < world_size():
         raise ValueError(f"broadcast root {root} is not a rank of this job (0..{world_size() - 1})")
     _check_same("broadcast", tuple(t.shape), t.dtype)
+    if _in_place(t):
+        out, buf = _fresh(tuple(t.shape), t)
+        if rank() == root:
+            out.assign(t).realize()
+        if (memory := _device_memory(buf)) is not None:
+            _wait(_comm().Ibcast(memory, root=root), "broadcast")
+            _State.in_place += 1
+            return out
     arr = _to_host(t)
     _wait(_comm().Ibcast(arr, root=root), "broadcast")
     return _from_host(arr, t)
@@ -216,6 +288,13 @@ def broadcast(t: Tensor, root: int = 0) -> Tensor:
 def all_gather(t: Tensor) -> Tensor:
     """Every rank's `t`, stacked along a new first axis in rank order: shape (world_size, *t.shape)."""
     _check_same("all_gather", tuple(t.shape), t.dtype)
+    if _in_place(t):
+        out, buf = _fresh((world_size(), *t.shape), t)
+        src, dest = _device_memory(_realized(t)), _device_memory(buf)
+        if src is not None and dest is not None:
+            _wait(_comm().Iallgather(src, dest), "all_gather")
+            _State.in_place += 1
+            return out
     arr = _to_host(t)
     out = np.empty((world_size(), *arr.shape), arr.dtype)
     _wait(_comm().Iallgather(arr, out), "all_gather")
@@ -285,15 +364,19 @@ def _bucket_mean(flat: Tensor) -> Tensor:
     src = (flat.cast(travel) if travel != flat.dtype else flat).contiguous()
     n = int(flat.shape[0])
 
-    def all_reduce_mean(out: Any, inp: Any) -> None:
+    def all_reduce_sum(out: Buffer, inp: Buffer) -> None:
+        what = "DistributedOptimizer gradient reduction"
+        if (dest := _device_memory(out)) is not None and (source := _device_memory(inp)) is not None:
+            _wait(_comm().Iallreduce(source, dest, MPI.SUM), what)  # (the device's own memory: no copy)
+            _State.in_place += 1
+            return
         host = np.empty(n, travel.np)
         inp.copyout(memoryview(host).cast("B"))
-        _wait(_comm().Iallreduce(MPI.IN_PLACE, host, MPI.SUM), "DistributedOptimizer gradient reduction")
-        host /= world
+        _wait(_comm().Iallreduce(MPI.IN_PLACE, host, MPI.SUM), what)
         out.copyin(memoryview(host).cast("B"))
 
-    node = LazyBuffer.loadop(LoadOps.CUSTOM, (n,), travel, src.device, all_reduce_mean, (src.lazydata,))
-    mean = Tensor(node, device=src.device, requires_grad=False)
+    node = LazyBuffer.loadop(LoadOps.CUSTOM, (n,), travel, src.device, all_reduce_sum, (src.lazydata,))
+    mean = Tensor(node, device=src.device, requires_grad=False) / world
     return mean if travel == flat.dtype else mean.cast(flat.dtype)
 
 

@@ -58,6 +58,8 @@ __all__ = [
     "Allocator",
     "LRUAllocator",
     "MallocAllocator",
+    "Collective",
+    "HostCollective",
     "Program",
     "version_refusal",
     "part_for",
@@ -75,7 +77,7 @@ __all__ = [
     "plugin_module",
 ]
 
-PLUGIN_API_VERSION: tuple[int, int] = (2, 0)
+PLUGIN_API_VERSION: tuple[int, int] = (2, 1)  # 2.1: the optional tg_collective hook
 ENTRY_POINT_GROUP = "tgcore"
 
 hookspec = pluggy.HookspecMarker("tgcore")
@@ -489,6 +491,44 @@ class MallocAllocator(LRUAllocator):
         return (ctypes.c_uint8 * size).from_buffer(buf, offset)
 
 
+# ***** collectives (optional, plugin API 2.1) *****
+
+
+class Collective:
+    """How `tgcore.distributed` hands a device's memory to MPI in place, without copying it through a host array.
+
+    Optional: the core asks the `tg_collective` hook once per device instance, and a device no plugin answers for
+    takes the host path (copyout to a numpy array, the collective, copyin), which works on every device. A Collective
+    is worth offering where MPI can address the device's memory itself: host memory (`HostCollective`), or device
+    memory under an MPI built with support for the device.
+    """
+
+    def mpi_buffer(self, allocator: Allocator, opaque: Any, nbytes: int) -> Any:
+        """The memory of one allocation as a buffer MPI reads and writes in place, or None for "copy it instead".
+
+        :param allocator: the device instance's Allocator, which made `opaque`.
+        :param opaque: the allocation (what `allocator.alloc` returned, or an `offset` view of one).
+        :param nbytes: its size in bytes.
+        :return: an object mpi4py accepts as a writable buffer of exactly `nbytes` bytes over that memory (a writable
+            memoryview of host memory; for an MPI with device support, an object with `__cuda_array_interface__`), or
+            None. The core synchronizes the device before the collective and reads the memory as the kernel's result
+            after it; it never keeps the object past the collective.
+        """
+        return None
+
+
+class HostCollective(Collective):
+    """The Collective of a device whose allocator's memory is host memory it views without a copy (`as_buffer`): MPI
+    reduces the tensor's own bytes, with no copy to or from a host array (`tg_collective = part_for("MYDEV",
+    HostCollective)`)."""
+
+    def mpi_buffer(self, allocator: Allocator, opaque: Any, nbytes: int) -> Any:
+        if not allocator.supports_as_buffer or nbytes == 0:
+            return None
+        view = allocator.as_buffer(opaque)
+        return view if not view.readonly and view.nbytes == nbytes else None
+
+
 # ***** the hooks *****
 
 
@@ -541,6 +581,18 @@ class HookSpecs:
         :param device: the canonical device name, without `:N`.
         :param instance: the device instance whose memory this allocator manages.
         :return: an Allocator instance, or None if not this plugin's.
+        """
+
+    @hookspec(firstresult=True)
+    def tg_collective(self, device: str, instance: str) -> Optional[Collective]:
+        """Optional (plugin API 2.1): how `tgcore.distributed` hands this device's memory to MPI in place.
+
+        Not one of the four parts a device needs: a device without it copies through host arrays for collectives.
+
+        :param device: the canonical device name, without `:N`.
+        :param instance: the device instance.
+        :return: a Collective instance (see Collective; `HostCollective` for host memory), or None if `device` is
+            not this plugin's or it offers none.
         """
 
     @hookspec(firstresult=True)

@@ -63,6 +63,11 @@ def main(mode: str, out: str) -> None:
         np.testing.assert_array_equal(dist.all_reduce(t).numpy(), base * 3)
         np.testing.assert_array_equal(dist.all_reduce(t, "mean").numpy(), base * 1.5)
         np.testing.assert_array_equal(dist.all_reduce(t, "max").numpy(), base * 2)
+        np.testing.assert_array_equal(dist.all_reduce(t.T, "min").numpy(), base.T)  # (a view: reduced as its values)
+        d = dist.all_reduce(Tensor([0.1, -3.0], dtype=dtypes.float64) * (r + 1), "mean")
+        assert d.dtype == dtypes.float64 and d.numpy().tolist() == [0.1 * 3 / 2, -4.5]
+        u = dist.all_reduce(Tensor([250, 3], dtype=dtypes.uint8) + r)
+        assert u.dtype == dtypes.uint8 and u.numpy().tolist() == [245, 7]  # (uint8 wraps, as numpy's does)
         i = dist.all_reduce(Tensor([r + 1, 10], dtype=dtypes.int64))
         assert i.dtype == dtypes.int64 and i.numpy().tolist() == [3, 20]
         b = dist.all_reduce(Tensor([1.5, -2.0], dtype=dtypes.bfloat16) * (r + 1))
@@ -73,7 +78,8 @@ def main(mode: str, out: str) -> None:
         dist.barrier()
         shares = dist.all_gather(Tensor(dist.DistributedSampler(7, seed=3).indices().astype(np.int32))).numpy()
         assert shares.shape == (2, 4) and set(shares.ravel().tolist()) == set(range(7)), shares
-        print(f"rank {r}: collectives right")
+        assert t.numpy().tolist() == (base * (r + 1)).tolist()  # the inputs are left as they were
+        print(f"rank {r}: collectives right, {dist.in_place_count()} in place")
     elif mode in ("ddp", "ddp-jit"):
         x, y = data()
         net = Net()

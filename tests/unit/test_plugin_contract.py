@@ -55,7 +55,7 @@ def device_plugin(name: str, device: str, api_version: Any = PLUGIN_API_VERSION,
 
 
 def test_the_served_version_is_major_minor():
-    assert PLUGIN_API_VERSION == (2, 0)
+    assert PLUGIN_API_VERSION == (2, 1)
 
 
 @pytest.mark.parametrize("built", [(MAJOR, MINOR), (MAJOR, 0)])
@@ -222,3 +222,36 @@ def test_vector_helpers():
 def test_numpy_dtype():
     assert numpy_dtype(dtypes.float32) == np.float32 and numpy_dtype(dtypes.int64) == np.int64
     assert numpy_dtype(dtypes.bfloat16) == np.float32
+
+
+# ***** the optional Collective (2.1) *****
+
+
+def test_a_device_without_a_collective_hook_has_none(registered):
+    registered(device_plugin("nocoll", "NOCOLL"))
+    assert Device["NOCOLL"].collective is None
+
+
+def test_host_collective_views_host_memory_in_place(registered):
+    from tgcore.plugin import HostCollective
+
+    plugin = device_plugin("hostcoll", "HOSTCOLL")
+    plugin.tg_collective = part_for("HOSTCOLL", HostCollective)
+    registered(plugin)
+    dev = Device["HOSTCOLL"]
+    assert isinstance(dev.collective, HostCollective) and dev.collective is dev.collective  # (asked once)
+    t = Tensor(np.arange(5, dtype=np.float32), device="HOSTCOLL").realize()
+    buf = t.lazydata.base.realized
+    mem = dev.collective.mpi_buffer(dev.allocator, buf._opaque, buf.nbytes)
+    assert isinstance(mem, memoryview) and mem.nbytes == 20 and not mem.readonly
+    np.frombuffer(mem, np.float32)[:] *= 2  # what MPI writes lands in the tensor's own memory
+    assert t.numpy().tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert HostCollective().mpi_buffer(Allocator(), object(), 20) is None  # (no zero-copy view: copy instead)
+
+
+def test_a_collective_hook_answering_something_else_is_refused(registered):
+    plugin = device_plugin("badcoll", "BADCOLL")
+    plugin.tg_collective = part_for("BADCOLL", lambda: "not a collective")
+    registered(plugin)
+    with pytest.raises(TypeError, match="tg_collective hook for device BADCOLL returned a str"):
+        Device["BADCOLL"].collective

@@ -12,12 +12,21 @@ from tg_clang.compiler import ClangCompiler
 from tg_clang.renderer import ClangRenderer, probe_kernel
 from tg_clang.runtime import ClangProgram
 from tg_clang.toolchain import MARCH_ENV, Toolchain, find_compiler
-from tgcore.plugin import ALL_DTYPES, CompileError, DeviceSpec, MallocAllocator, hookimpl, part_for, process_folder
+from tgcore.plugin import (
+    ALL_DTYPES,
+    CompileError,
+    DeviceSpec,
+    HostCollective,
+    MallocAllocator,
+    hookimpl,
+    part_for,
+    process_folder,
+)
 
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
 __version__ = "0.2.0"
 DEVICE = "CLANG"
-API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
+API_VERSION = (2, 1)  # the tgcore plugin API this plugin is built for (2.1: tg_collective)
 _LOG_LINES = 6  # of a failed build's log, in the reason CLANG is unavailable
 
 
@@ -88,4 +97,6 @@ def tg_register_devices(registry: Any) -> None:
 tg_renderer = part_for(DEVICE, ClangRenderer)
 tg_compiler = part_for(DEVICE, ClangCompiler)
 tg_allocator = part_for(DEVICE, MallocAllocator)
+# host memory: tgcore.distributed reduces a tensor's own bytes in place, no copy through a host array
+tg_collective = part_for(DEVICE, HostCollective)
 tg_runtime = part_for(DEVICE, lambda: ClangProgram)

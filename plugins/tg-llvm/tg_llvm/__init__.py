@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tg_llvm.renderer import LLVMRenderer
-from tgcore.plugin import ALL_DTYPES, Compiler, DeviceSpec, MallocAllocator, Program, hookimpl, part_for
+from tgcore.plugin import ALL_DTYPES, Compiler, DeviceSpec, HostCollective, MallocAllocator, Program, hookimpl, part_for
 
 __version__ = "0.2.0"
 DEVICE = "LLVM"
-API_VERSION = (2, 0)  # the tgcore plugin API this plugin is built for
+API_VERSION = (2, 1)  # the tgcore plugin API this plugin is built for (2.1: tg_collective)
 
 
 def probe() -> Optional[str]:
@@ -55,4 +55,6 @@ def _runtime() -> type[Program]:
 tg_renderer = part_for(DEVICE, LLVMRenderer)
 tg_compiler = part_for(DEVICE, _compiler)
 tg_allocator = part_for(DEVICE, MallocAllocator)
+# host memory: tgcore.distributed reduces a tensor's own bytes in place, no copy through a host array
+tg_collective = part_for(DEVICE, HostCollective)
 tg_runtime = part_for(DEVICE, _runtime)
