@@ -192,9 +192,12 @@ def softplus(x: LazyBuffer) -> LazyBuffer:
 
 @_in_float32_for_halves
 def sigmoid(x: LazyBuffer) -> LazyBuffer:
-    """1 / (1 + e^-x) with e = e^-|x| <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) below (no overflow of e^-x, so a
-    tiny result, subnormal ones included, keeps its digits: sigmoid(-100) is 3.7e-44, not 0)."""
-    neg = _lt(x, _c(x, 0.0))
-    e = exp(_where(neg, x, x.e(UnaryOps.NEG)))
-    r = _div(_c(x, 1.0), _add(_c(x, 1.0), e))
-    return _where(neg, _mul(e, r), r)
+    """1 / (1 + e^-x) as e^min(x, 0) / (1 + e^-|x|), the division as a reciprocal and a product: e^-|x| <= 1, so
+    nothing overflows, and below 0 the numerator is e^x itself, so a tiny result (subnormal ones included) keeps its
+    digits (sigmoid(-100) is 3.7e-44, not 0). MAX, not a comparison and a select, picks the arguments: a vectorizing
+    renderer keeps the whole of it in vectors (SiLU after a convolution: 8 lanes of two exps instead of 8 scalar exps
+    with their branches, and gcc built EfficientNet's 1x1-convolution kernels in a fraction of the time)."""
+    neg_abs = x.e(BinaryOps.MAX, x.e(UnaryOps.NEG)).e(UnaryOps.NEG)  # -|x| (NaN stays NaN)
+    low = x.e(UnaryOps.NEG).e(BinaryOps.MAX, _c(x, 0.0)).e(UnaryOps.NEG)  # min(x, 0): x below 0, else (-)0
+    r = _div(_c(x, 1.0), _add(_c(x, 1.0), exp(neg_abs)))
+    return _mul(exp(low), r)  # (below 0: e^x r, as before; from 0 up: exactly r)

@@ -322,7 +322,11 @@ class Linearizer:
         if not k.opts.vector_uops or not self.upcast_axes or k.is_unrolled(self.upcast_axes[-1]):
             return 1
         size = k.upcast_sizes[-1]
-        return next((w for w in (16, 8, 4, 2) if w <= MAX_VECTOR and size % w == 0), 1)
+        # at most one register of the output's dtype where the renderer says how wide its registers are: on AVX2 a
+        # 16-float vector is two registers, which gcc built slowly (EfficientNet's pooled SiLU: 3.4 s a kernel) and
+        # ran no faster than two 8-float groups
+        most = min(MAX_VECTOR, k.opts.vector_widths.get(k.ast.arg.dtype, MAX_VECTOR) or MAX_VECTOR)
+        return next((w for w in (16, 8, 4, 2) if w <= most and size % w == 0), 1)
 
     @property
     def n_groups(self) -> int:
