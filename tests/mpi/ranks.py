@@ -114,6 +114,11 @@ def main(mode: str, out: str) -> None:
             raise ValueError("rank 1 fails on purpose")
         dist.all_reduce(Tensor.ones(4))  # rank 1 never comes: the job must end, not hang
         raise AssertionError("all_reduce returned without rank 1")
+    elif mode == "die":
+        if r == 1:
+            os._exit(3)  # gone at once, no exception, no goodbye: as a killed or crashed process
+        dist.all_reduce(Tensor.ones(4))
+        raise AssertionError("all_reduce returned without rank 1")
     elif mode == "hang":
         if r == 1:
             time.sleep(60)  # alive but never joining: rank 0's wait must end at the timeout

@@ -156,6 +156,14 @@ def test_a_rank_that_raises_ends_the_job(tmp_path) -> None:  # noqa: ANN001
     assert "rank 1 fails on purpose" in out.stderr and "rank 1 raised ValueError; aborting the job" in out.stderr
 
 
+def test_a_rank_that_dies_ends_the_job(tmp_path) -> None:  # noqa: ANN001
+    """Rank 1's process exits at once (as a crash would); rank 0, waiting in all_reduce, does not wait forever: the
+    job ends with an error (MPICH's launcher ends it, or rank 0's timeout does), well before the test's limit."""
+    out = _two_ranks("die", str(tmp_path), timeout=60, TGCORE_MPI_TIMEOUT="10")
+    assert out.returncode != 0
+    assert "all_reduce returned without rank 1" not in out.stdout + out.stderr
+
+
 def test_a_rank_that_never_comes_times_out(tmp_path) -> None:  # noqa: ANN001
     """Rank 1 hangs; rank 0's wait ends at the timeout with a clear message and ends the job (well before the hang)."""
     out = _two_ranks("hang", str(tmp_path), timeout=45, TGCORE_MPI_TIMEOUT="2")
