@@ -189,7 +189,9 @@ class BatchNorm2d:
             # the mean is detached in the variance: d(var)/d(mean) is 0 anyway, and this keeps the graph small
             centered = x - batch_mean.detach().reshape(_channel_shape(x))
             batch_var = (centered * centered).mean(axis=axes)
-            batch_invstd = batch_var.add(self.eps).pow(-0.5)
+            # 1 / sqrt, as in inference below (and in torch): pow(-0.5) was a float64 log2 and exp2 for every element
+            # of the backward's kernels, and its gradient another pow (bench h's CNN training step: 267 -> 121 ms)
+            batch_invstd = batch_var.add(self.eps).rsqrt()
             if self.track_running_stats:
                 # momentum with Bessel's correction: numel / (numel - C) = m / (m - 1) for m values per channel
                 numel = prod(_concrete(x.shape))
