@@ -20,7 +20,7 @@ from tgcore.device import Buffer
 from tgcore.dtype import DType
 from tgcore.engine.realize import CompiledRunner, get_kernel
 from tgcore.helpers import Context
-from tgcore.ops import BufferOps
+from tgcore.ops import BinaryOps, BufferOps, UnaryOps
 from tgcore.renderer import Renderer
 from tgcore.runtime.python import PythonRenderer
 
@@ -547,3 +547,27 @@ def test_a_long_fused_expression_is_not_unrolled_into_a_huge_kernel() -> None:
     dgelu = 0.5 * (1 + t) + 0.5 * h * (1 - t**2) * 0.7978845608 * (1 + 3 * 0.044715 * h**2)
     ref = np.einsum("bto,bti->oi", gn * dgelu, xn)
     np.testing.assert_allclose(w.grad.numpy(), ref, rtol=2e-4, atol=2e-4)
+
+
+def _silu(a: Tensor, w: Tensor) -> Tensor:
+    return (a * w + 1) * (a * w + 1).sigmoid()  # a per-row (channel) scale and shift, then SiLU: ~60 ALU ops
+
+
+def test_heavy_elementwise_takes_vectors_along_another_axis() -> None:
+    # rows of 49 hold no vector: an arithmetic-heavy kernel takes its 8 lanes along the 16 rows instead (loads
+    # gathered, stores scattered), a light one stays scalar (planned for a target of 8-float vectors on any machine)
+    renderer = cpu_style_python()
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    renderer.vector_math = (UnaryOps.EXP2, BinaryOps.MAX)
+    heavy = Kernel(last_kernel("PYTHON", _silu, data((16, 49)), data((16, 1))).ast, renderer)
+    heavy.hand_coded_optimizations()
+    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8)]
+    light = Kernel(last_kernel("PYTHON", lambda a, w: a * w + 1, data((16, 49)), data((16, 1))).ast, renderer)
+    light.hand_coded_optimizations()
+    assert light.applied_opts == []
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_heavy_elementwise_vectors_keep_results(device: str) -> None:
+    check(device, _silu, data((16, 49)), data((16, 1)))
+    check(device, _silu, data((16, 49)), data((16, 1)), opts=[Opt(OptOps.UPCAST, 0, 8)])
