@@ -13,7 +13,7 @@ from tg_conformance.target import Target
 from tgcore.device import Buffer, CompileError
 from tgcore.dtype import DType, dtypes
 from tgcore.ops import BinaryOps
-from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION
+from tgcore.plugin import ALL_DTYPES, PLUGIN_API_VERSION, version_refusal
 
 
 def _trivial_dtype(target: Target) -> DType:
@@ -40,8 +40,9 @@ def test_device_spec_contract(target: Target) -> None:
     problems = []
     if spec.name != target.name.split(":")[0]:
         problems.append(f"spec.name is {spec.name!r}, expected {target.name.split(':')[0]!r}")
-    if spec.api_version != PLUGIN_API_VERSION:
-        problems.append(f"spec.api_version is {spec.api_version}, this tgcore serves {PLUGIN_API_VERSION}")
+    # a plugin is built for the API version it names: this core's, or an older minor of the same major (2.0 on 2.1)
+    if (refusal := version_refusal(spec.name, spec.api_version)) is not None:
+        problems.append(f"spec.api_version is {spec.api_version}, this tgcore serves {PLUGIN_API_VERSION}: {refusal}")
     if not spec.dtypes:
         problems.append("spec.dtypes is empty")
     problems += [f"spec.dtypes has {dt!r}, which is not one of tgcore.plugin.ALL_DTYPES" for dt in spec.dtypes
