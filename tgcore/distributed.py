@@ -197,7 +197,7 @@ def _to_host(t: Tensor) -> np.ndarray:
 def _device_memory(buf: Buffer) -> Any:
     """What MPI reads and writes in place as realized buffer `buf`'s memory, from its device's Collective, as an mpi4py
     buffer spec ([memory, MPI datatype]); None when the memory must travel through a host array instead."""
-    if os.environ.get(HOST_COPY_ENV, "").strip() not in ("", "0") or buf.dtype not in _IN_PLACE_DTYPES:
+    if _host_copy_forced() or buf.dtype not in _IN_PLACE_DTYPES:
         return None
     device = Device[buf.device]
     if (collective := device.collective) is None:
@@ -206,6 +206,10 @@ def _device_memory(buf: Buffer) -> Any:
         return None
     device.synchronize()  # (the kernels that wrote it are done before MPI reads it)
     return [memory, MPI._typedict[np.dtype(buf.dtype.np).char]]
+
+
+def _host_copy_forced() -> bool:
+    return os.environ.get(HOST_COPY_ENV, "").strip() not in ("", "0")
 
 
 def in_place_count() -> int:
@@ -233,7 +237,7 @@ def _in_place(t: Tensor) -> bool:
     return (
         isinstance(t.device, str)
         and t.dtype in _IN_PLACE_DTYPES
-        and os.environ.get(HOST_COPY_ENV, "").strip() in ("", "0")
+        and not _host_copy_forced()
         and Device[t.device].collective is not None
         and all(isinstance(d, int) for d in t.shape)
         and t.numel() > 0

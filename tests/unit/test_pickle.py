@@ -15,23 +15,29 @@ from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import NumNode, Variable
 from tgcore.shape.view import View
 
-MAKE = """
+
+def objects() -> dict:
+    """The same objects in any process: each kind that caches its hash."""
+    n = Variable("n", 1, 64)
+    st = ShapeTracker.from_shape((n, 4)).permute((1, 0))
+    load = LazyOp(BufferOps.LOAD, (), MemBuffer(1, dtypes.float32, st))
+    return {
+        "dtypes": [dtypes.float32, dtypes.uint32, dtypes.float16.vec(4), PtrDType.of(dtypes.int8)],
+        "nodes": [n, n * 3 + 2, (n + 5) // 4, (n % 3) < 2],
+        "view": st.views[-1],
+        "st": st,
+        "ast": LazyOp(BinaryOps.ADD, (load, load)),
+    }
+
+
+# another process builds them, hashes every one (so each caches its hash) and pickles them
+MAKE = f"""
 import pickle, sys
-from tgcore.dtype import PtrDType, dtypes
-from tgcore.ops import BinaryOps, BufferOps, LazyOp, MemBuffer
-from tgcore.shape.shapetracker import ShapeTracker
-from tgcore.shape.symbolic import Variable
-n = Variable("n", 1, 64)
-st = ShapeTracker.from_shape((n, 4)).permute((1, 0))
-load = LazyOp(BufferOps.LOAD, (), MemBuffer(1, dtypes.float32, st))
-objs = {
-    "dtypes": [dtypes.float32, dtypes.uint32, dtypes.float16.vec(4), PtrDType.of(dtypes.int8)],
-    "nodes": [n, n * 3 + 2, (n + 5) // 4, (n % 3) < 2],
-    "view": st.views[-1],
-    "st": st,
-    "ast": LazyOp(BinaryOps.ADD, (load, load)),
-}
-hash(tuple(objs["dtypes"])), hash(tuple(objs["nodes"])), hash(st), hash(objs["ast"])  # cache every hash first
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_pickle import objects
+objs = objects()
+for value in objs.values():
+    [hash(v) for v in (value if isinstance(value, list) else [value])]
 sys.stdout.buffer.write(pickle.dumps(objs))
 """
 
@@ -39,16 +45,8 @@ sys.stdout.buffer.write(pickle.dumps(objs))
 def test_pickled_objects_hash_as_this_process_builds_them() -> None:
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     got = pickle.loads(subprocess.run([sys.executable, "-c", MAKE], env=env, capture_output=True, check=True).stdout)
-    n = Variable("n", 1, 64)
-    st = ShapeTracker.from_shape((n, 4)).permute((1, 0))
-    load = LazyOp(BufferOps.LOAD, (), MemBuffer(1, dtypes.float32, st))
-    want = {
-        "dtypes": [dtypes.float32, dtypes.uint32, dtypes.float16.vec(4), PtrDType.of(dtypes.int8)],
-        "nodes": [n, n * 3 + 2, (n + 5) // 4, (n % 3) < 2],
-        "view": st.views[-1],
-        "st": st,
-        "ast": LazyOp(BinaryOps.ADD, (load, load)),
-    }
+    want = objects()
+    n = want["nodes"][0]
     for key, value in want.items():
         assert got[key] == value, key
         values = value if isinstance(value, list) else [value]

@@ -271,8 +271,6 @@ class Linearizer:
         self.unrolled = [j for j, a in enumerate(self.upcast_axes) if k.is_unrolled(a)]
         self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
-        # a leaf whose accesses are one index Node plus constants: (that Node, each access's constant)
-        self.index_offsets: dict[LazyOp, tuple[Node, list[int]]] = {}
         self.index_terms: dict[LazyOp, tuple[Node, int]] = {}  # (see _access_index)
         # every leaf whose accesses are lane 0's index plus constants: (that index, the constants, the validity
         # shared by every lane, None when always valid)
@@ -447,8 +445,6 @@ class Linearizer:
         self.index_nodes_cache[leaf] = (lane_combo, combos)  # type: ignore[assignment]
         if linear is not None:
             self.lane_offsets[leaf] = (linear[0], offsets, linear[2])
-            if linear[2] is None:
-                self.index_offsets[leaf] = (linear[0], offsets)
         return lane_combo, combos  # type: ignore[return-value]
 
     def _lane_linear(
@@ -486,10 +482,16 @@ class Linearizer:
             got = combos[combo] = (base + offsets[combo], valid)
         return got
 
+    def _offsets(self, leaf: LazyOp) -> Optional[tuple[Node, list[int]]]:
+        """(lane 0's index, each access's constant) of a leaf whose accesses are always valid and lane 0's index plus
+        constants (see index_nodes); else None."""
+        known = self.lane_offsets.get(leaf)
+        return None if known is None or known[2] is not None else (known[0], known[1])
+
     def _access_index(self, leaf: LazyOp, combo: int) -> UOp:
         """The flat index of access `combo` of `leaf` as a uop. Where the accesses are lane 0's index plus constants
-        (index_offsets), that is lane 0's terms plus one constant, with no Node math per access."""
-        if (known := self.index_offsets.get(leaf)) is None:
+        (_offsets), that is lane 0's terms plus one constant, with no Node math per access."""
+        if (known := self._offsets(leaf)) is None:
             return self.node(self.access(leaf, combo)[0])
         base, offsets = known
         if (split := self.index_terms.get(leaf)) is None:  # (lane 0's index as its variable terms and its constant)
@@ -516,7 +518,7 @@ class Linearizer:
         idx0, valid0 = self.access(leaf, first)
         if valid0 is not None:
             return None
-        if (known := self.index_offsets.get(leaf)) is not None:  # the lanes' offsets are known: no Node math
+        if (known := self._offsets(leaf)) is not None:  # the lanes' offsets are known: no Node math
             offsets, lanes = known[1], lane_combo[group * self.width : (group + 1) * self.width]
             return idx0 if all(offsets[c] - offsets[first] == i for i, c in enumerate(lanes)) else None
         for i in range(1, self.width):
@@ -613,7 +615,7 @@ class Linearizer:
         if op.op is not BufferOps.CONST and self._vectorizable(dt) and (idx := self._contiguous(op, g)) is not None:
             return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], self.node(idx)))
         lane_combo, combos = self.index_nodes(op)
-        if (known := self.index_offsets.get(op)) is not None:  # every access always valid, at lane 0's plus a constant
+        if (known := self._offsets(op)) is not None:  # every access always valid, at lane 0's plus a constant
             if op.op is BufferOps.CONST:
                 return tuple(self._lower_leaf(op, known[0], None) for _ in self._group_lanes(g))
             buf = self.buffers[op.arg.idx]
