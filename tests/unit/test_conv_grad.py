@@ -1,0 +1,139 @@
+"""Gradients of conv2d (any number of spatial axes) and conv_transpose2d, against a numpy reference that scatters
+each kernel tap's products by hand: strides, dilations, groups, asymmetric and oversized padding, sizes the stride
+does not divide, one input differentiated at a time, dtypes."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tgcore import Tensor, dtypes
+
+R = np.random.default_rng(11)
+
+
+def _taps(kernel: tuple[int, ...], out: tuple[int, ...], strides: tuple[int, ...], dils: tuple[int, ...]) -> Any:
+    """For each kernel position: the position and the slices of the padded input its products read."""
+    for k in itertools.product(*map(range, kernel)):
+        yield k, tuple(slice(ki * d, ki * d + (o - 1) * s + 1, s) for ki, d, o, s in zip(k, dils, out, strides))
+
+
+def np_conv_grads(
+    x: np.ndarray, w: np.ndarray, g: np.ndarray, stride: Any, dilation: Any, pads: list[tuple[int, int]], groups: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(output, d sum(out * g) / dx, d sum(out * g) / dw) of a cross-correlation, (before, after) pads per spatial
+    axis."""
+    nd = w.ndim - 2
+    strides = (stride,) * nd if isinstance(stride, int) else tuple(stride)
+    dils = (dilation,) * nd if isinstance(dilation, int) else tuple(dilation)
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(pads))
+    cout, cin = w.shape[:2]
+    out_sp = tuple((n - d * (k - 1) - 1) // s + 1 for n, d, k, s in zip(xp.shape[2:], dils, w.shape[2:], strides))
+    out = np.zeros((x.shape[0], cout, *out_sp))
+    gxp, gw = np.zeros_like(xp), np.zeros_like(w)
+    per, summed = cout // groups, [0, *range(2, 2 + nd)]  # (batch and output positions)
+    for k, sl in _taps(w.shape[2:], out_sp, strides, dils):
+        for grp in range(groups):
+            xs = xp[(slice(None), slice(grp * cin, (grp + 1) * cin), *sl)]  # (N, cin, *out)
+            wk = w[(slice(grp * per, (grp + 1) * per), slice(None), *k)]  # (per, cin)
+            gk = g[:, grp * per : (grp + 1) * per]  # (N, per, *out)
+            out[:, grp * per : (grp + 1) * per] += np.einsum("nc...,pc->np...", xs, wk)
+            gxp[(slice(None), slice(grp * cin, (grp + 1) * cin), *sl)] += np.einsum("np...,pc->nc...", gk, wk)
+            gw[(slice(grp * per, (grp + 1) * per), slice(None), *k)] += np.tensordot(gk, xs, axes=(summed, summed))
+    # back to the unpadded input: the padding's gradients dropped
+    gx = gxp[(slice(None), slice(None), *[slice(a, a + n) for (a, _), n in zip(pads, x.shape[2:])])]
+    return out, gx, gw
+
+
+CASES = [
+    # x shape, w shape, conv2d keywords, pads per spatial axis (for the reference)
+    ((2, 3, 7, 8), (4, 3, 3, 3), dict(padding=1), [(1, 1), (1, 1)]),
+    ((2, 3, 9, 8), (4, 3, 3, 3), dict(stride=2, padding=1), [(1, 1), (1, 1)]),  # 9 is not a multiple of 2
+    ((1, 4, 9, 10), (6, 2, 3, 2), dict(groups=2, dilation=2, stride=(1, 2)), [(0, 0), (0, 0)]),
+    ((2, 2, 6, 7), (3, 2, 2, 3), dict(padding=(1, 0, 2, 1)), [(2, 1), (1, 0)]),  # (left, right, top, bottom)
+    ((1, 2, 5, 5), (3, 2, 1, 1), dict(padding=1, stride=2), [(1, 1), (1, 1)]),  # padding wider than the kernel
+    ((1, 2, 6, 6), (2, 2, 3, 3), dict(padding=3, dilation=1), [(3, 3), (3, 3)]),
+    ((2, 4, 7, 7), (4, 1, 3, 3), dict(groups=4, padding=1, stride=2), [(1, 1), (1, 1)]),  # depthwise
+    ((2, 3, 11), (5, 3, 4), dict(stride=3, padding=2, dilation=2), [(2, 2)]),  # 1-d
+    ((1, 2, 5, 4, 6), (3, 2, 2, 3, 2), dict(padding=(1, 0, 2), stride=(2, 1, 2)), [(1, 1), (0, 0), (2, 2)]),  # 3-d
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw,pads", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_conv_gradients(xs: tuple, ws: tuple, kw: dict, pads: list) -> None:
+    x, w = R.standard_normal(xs), R.standard_normal(ws)
+    tx, tw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = tx.conv2d(tw, **kw)
+    g = R.standard_normal(out.shape)
+    exp_out, exp_gx, exp_gw = np_conv_grads(x, w, g, kw.get("stride", 1), kw.get("dilation", 1), pads,
+                                            kw.get("groups", 1))  # fmt: skip
+    np.testing.assert_allclose(out.numpy(), exp_out, rtol=1e-10, atol=1e-10)
+    (out * Tensor(g)).sum().backward()
+    assert tx.grad is not None and tw.grad is not None
+    assert tx.grad.shape == x.shape and tw.grad.shape == w.shape
+    np.testing.assert_allclose(tx.grad.numpy(), exp_gx, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(tw.grad.numpy(), exp_gw, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_one_side_differentiated(which: str) -> None:
+    x, w, b = R.standard_normal((2, 3, 6, 5)), R.standard_normal((4, 3, 3, 3)), R.standard_normal(4)
+    tx, tw = Tensor(x, requires_grad=which == "input"), Tensor(w, requires_grad=which == "weight")
+    tb = Tensor(b, requires_grad=True)
+    out = tx.conv2d(tw, tb, stride=2, padding=1)
+    g = R.standard_normal(out.shape)
+    (out * Tensor(g)).sum().backward()
+    _, exp_gx, exp_gw = np_conv_grads(x, w, g, 2, 1, [(1, 1), (1, 1)], 1)
+    kept, dropped, expect = (tx, tw, exp_gx) if which == "input" else (tw, tx, exp_gw)
+    assert dropped.grad is None
+    np.testing.assert_allclose(kept.grad.numpy(), expect, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(tb.grad.numpy(), g.sum((0, 2, 3)), rtol=1e-10)
+
+
+def test_chained_convs_and_relu() -> None:
+    # a gradient that arrives through another conv and a relu: conv -> relu -> conv, against the reference twice
+    x, w1, w2 = R.standard_normal((2, 2, 8, 8)), R.standard_normal((3, 2, 3, 3)), R.standard_normal((2, 3, 3, 3))
+    tx, t1, t2 = (Tensor(a, requires_grad=True) for a in (x, w1, w2))
+    h = tx.conv2d(t1, padding=1)
+    out = h.relu().conv2d(t2, stride=2)
+    g = R.standard_normal(out.shape)
+    (out * Tensor(g)).sum().backward()
+    hv, _, _ = np_conv_grads(x, w1, np.zeros((2, 3, 8, 8)), 1, 1, [(1, 1), (1, 1)], 1)
+    _, gh, gw2 = np_conv_grads(np.maximum(hv, 0), w2, g, 2, 1, [(0, 0), (0, 0)], 1)
+    _, gx, gw1 = np_conv_grads(x, w1, gh * (hv > 0), 1, 1, [(1, 1), (1, 1)], 1)
+    for t, expect in ((tx, gx), (t1, gw1), (t2, gw2)):
+        np.testing.assert_allclose(t.grad.numpy(), expect, rtol=1e-9, atol=1e-9)
+
+
+def test_conv_transpose_gradient_is_conv() -> None:
+    # <convT(x), z> = <x, conv(z)>: the gradient of convT's input is conv(z), cut to the input's size
+    x, w = R.standard_normal((1, 3, 4, 5)), R.standard_normal((3, 2, 3, 3))
+    tx, tw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    y = tx.conv_transpose2d(tw, stride=2, padding=1, output_padding=1)
+    z = R.standard_normal(y.shape)
+    (y * Tensor(z)).sum().backward()
+    cz = Tensor(z).conv2d(Tensor(w), stride=2, padding=1).numpy()
+    np.testing.assert_allclose(tx.grad.numpy(), cz[..., :4, :5], rtol=1e-10, atol=1e-10)
+    # and the weight's: convT(x)'s weight gradient is the conv weight gradient of z against x, channels swapped
+    _, _, gw = np_conv_grads(z, np.zeros((3, 2, 3, 3)), x, 2, 1, [(1, 1), (1, 1)], 1)
+    np.testing.assert_allclose(tw.grad.numpy(), gw, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("xdt,wdt", [(dtypes.float32, dtypes.float32), (dtypes.float16, dtypes.float32),
+                                     (dtypes.float16, dtypes.float16)])  # fmt: skip
+def test_gradient_dtypes(xdt: Any, wdt: Any) -> None:
+    x, w = R.standard_normal((2, 3, 6, 6)), R.standard_normal((4, 3, 3, 3))
+    tx = Tensor(x.astype(xdt.np), requires_grad=True)
+    tw = Tensor(w.astype(wdt.np), requires_grad=True)
+    out = tx.conv2d(tw, padding=1)
+    g = R.standard_normal(out.shape)
+    (out * Tensor(g.astype(out.dtype.np))).sum().backward()
+    assert tx.grad.dtype == xdt and tw.grad.dtype == wdt
+    _, exp_gx, exp_gw = np_conv_grads(x.astype(xdt.np).astype(np.float64), w.astype(wdt.np).astype(np.float64),
+                                      g.astype(out.dtype.np).astype(np.float64), 1, 1, [(1, 1), (1, 1)], 1)  # fmt: skip
+    tol = 2e-2 if dtypes.float16 in (xdt, wdt) else 1e-4
+    np.testing.assert_allclose(tx.grad.numpy().astype(np.float64), exp_gx, rtol=tol, atol=tol)
+    np.testing.assert_allclose(tw.grad.numpy().astype(np.float64), exp_gw, rtol=tol, atol=tol)
