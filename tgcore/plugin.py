@@ -189,7 +189,8 @@ class Renderer:
     # it never receives one
     vector_uops: bool = False
     # vector uops only: ALU ops besides VECTOR_ALU that this renderer computes on whole vectors (e.g. EXP2 in a
-    # vectorized math routine); the optimizer upcasts elementwise kernels that use them
+    # vectorized math routine); the optimizer upcasts elementwise kernels that use them. CMPLT, CMPEQ and WHERE, all
+    # three: float32 comparisons give masks (bool vectors) that WHERE selects by (codegen/uops.py)
     vector_math: tuple[Any, ...] = ()
     # CPU-style kernels (global_max None) only: the outermost global loop may run on several host threads. A kernel
     # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",

@@ -266,6 +266,22 @@ def _lane_sums(rows: np.ndarray, compensated: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_sum_over_several_axes_takes_its_lanes_along_the_innermost(device: str) -> None:
+    # BatchNorm's statistics: (N, C, H, W) summed over N, H and W; lane l of channel c adds x[n, c, 16j + l] for
+    # every n, then j, in order (the flattened H*W axis is the innermost reduce axis)
+    rng = np.random.default_rng(8)
+    for n, hw, compensated in ((8, 16, False), (16, 32, True)):  # 128 or 1024 terms per lane
+        x_np = rng.standard_normal((n, 6, hw, hw)).astype(np.float32) + np.float32(1)
+        out = Tensor(x_np, device=device).sum(axis=(0, 2, 3))
+        assert len(out.schedule()) == 1 and _lanes(out) == 16
+        rows = x_np.reshape(n, 6, hw * hw).transpose(1, 0, 2).reshape(6, -1)
+        np.testing.assert_array_equal(out.numpy(), _lane_sums(rows, compensated))
+    # inner axis too short (7 x 7 maps) or not contiguous: no lanes
+    assert _lanes(Tensor.ones(4, 6, 7, 7, device=device).sum(axis=(0, 2, 3))) == 0
+    assert _lanes(Tensor.ones(64, 6, 64, device=device).sum(axis=(0, 1))) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order(device: str) -> None:
     rng = np.random.default_rng(5)
     for width, compensated in ((4096, False), (1 << 14, True)):  # 256 or 1024 terms per lane

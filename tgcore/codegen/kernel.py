@@ -12,11 +12,12 @@ reduce has size 1 on the reduce axes. The axes come in this order:
                                     apart and are combined in order after the loop
 
 A lane reduce is fixed at construction, from the AST (and, for a MAX, whether the renderer has a vector MAX): a float
-SUM or MAX over one axis that an input reads contiguously (n >= LANE_REDUCE_MIN, a multiple of REDUCE_LANES), not a
-contraction, is viewed as (n / L, L) with L = REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent
-chains that fill a vector register), then the L lanes are combined from the first (for a compensated sum with their
-errors: codegen/linearizer.py). Every device and every optimization of the kernel sums in that order (a MAX's result
-has no order).
+SUM or MAX whose innermost reduce axis an input reads contiguously (n >= LANE_REDUCE_MIN, a multiple of
+REDUCE_LANES), not a contraction, has that axis viewed as (n / L, L) with L = REDUCE_LANES: lane l takes elements l,
+L + l, 2L + l, ... (L independent chains that fill a vector register; with outer reduce axes, a BatchNorm's sum over
+N, H and W, each lane runs through them too, outermost first), then the L lanes are combined from the first (for a
+compensated sum with their errors: codegen/linearizer.py). Every device and every optimization of the kernel sums in
+that order (a MAX's result has no order).
 
 Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
 axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
@@ -31,7 +32,7 @@ from enum import Enum, auto
 from typing import Optional
 
 from tgcore.codegen.names import internal_prefix, kernel_identifier
-from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES
+from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
@@ -274,13 +275,13 @@ class Kernel:
 
     def _split_lanes(self) -> None:
         """Make this a lane reduce where it is one (see the module docstring)."""
-        if self.n_reduce != 1 or self.upcasted or not self.reduceops:
+        if not self.n_reduce or self.upcasted or not self.reduceops:
             return
         if any(dtype_of(r) not in VECTOR_DTYPES for r in self.reduceops):
             return  # (integer lanes would be scalar accumulators: a 2048 x 1024 int32 row sum ran 1.8x slower)
         if any(r.op is not ReduceOps.SUM for r in self.reduceops) and BinaryOps.MAX not in self.opts.vector_math:
             return  # a MAX in lanes needs the renderer's vector MAX (its result has no order to fix)
-        axis, lanes = self.first_reduce, REDUCE_LANES
+        axis, lanes = self.first_reduce + self.n_reduce - 1, REDUCE_LANES  # the innermost reduce axis
         n = self.full_shape[axis]
         if not isinstance(n, int) or n < LANE_REDUCE_MIN or n % lanes != 0:
             return
@@ -698,12 +699,23 @@ class Kernel:
         if not self._try(Opt(OptOps.PACK, gathered[0], 0)):
             self.__dict__.update(saved.__dict__)
 
+    def _vector_op(self, x: LazyOp) -> bool:
+        """Whether a vector renderer computes ALU node `x` on whole vectors (codegen/uops.py): the vector ALU ops and
+        its `vector_math` on operands of one dtype; comparisons, selects and masks cast to float32 on float32 vectors
+        where it declares the three select ops."""
+        math = self.opts.vector_math
+        if all(o in math for o in VECTOR_SELECT):
+            if x.op in VECTOR_SELECT:
+                return dtype_of(x.src[-1]) == VECTOR_SELECT_DTYPE
+            if x.op is UnaryOps.CAST:
+                return x.arg == VECTOR_SELECT_DTYPE and dtype_of(x.src[0]) == dtypes.bool
+        return x.op in _ELEMENTWISE_LANES_OK or x.op in math
+
     def _optimize_elementwise(self, globals_: list[int], vw: int) -> None:
         if vw <= 1:
             return
         alu = [x for x in self.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps))]
-        lanes_ok = (*_ELEMENTWISE_LANES_OK, *self.opts.vector_math)
-        if self.opts.vector_uops and any(x.op not in lanes_ok for x in alu):
+        if self.opts.vector_uops and not all(map(self._vector_op, alu)):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         out = self.ast
         contiguous = [a for a in globals_ if self.stride_of(out, a) == 1]

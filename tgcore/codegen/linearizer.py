@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
 from tgcore.codegen.names import THREAD_BOUNDS, internal_prefix, variable_identifier
-from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, UOp, UOps
+from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, MemBuffer, ReduceOps, TernaryOps, UnaryOps
@@ -83,6 +83,8 @@ class Linearizer:
         # the dtype of every index uop (RANGE, SPECIAL, the ALU uops of index math, their CONSTs)
         self.index_dtype = index_dtype or index_dtype_of(k)
         self.vector_math = tuple(k.opts.vector_math)
+        # comparisons into masks and selects by them on float32 vectors (a renderer declares the three together)
+        self.vector_select = all(o in self.vector_math for o in VECTOR_SELECT)
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
         self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]
@@ -542,8 +544,8 @@ class Linearizer:
             idx = self._contiguous(store, g) if block or not isinstance(value, tuple) else None
             if idx is not None and block and isinstance(value, tuple) and self._vectorizable(store.arg.dtype):
                 value = self._vector(value)
-            if not isinstance(value, tuple) and idx is not None:
-                stored.add(first)
+            if not isinstance(value, tuple) and idx is not None and self._vectorizable(store.arg.dtype):
+                stored.add(first)  # (a mask, a bool vector, is stored lane by lane)
                 self.uop(UOps.STORE, None, (buf, self.node(idx), value), cse=False)
                 continue
             for i, v in enumerate(self._scalars(value)):
@@ -591,11 +593,23 @@ class Linearizer:
         srcs = [self.lower(s) for s in op.src]
         if op.op in (UnaryOps.CAST, UnaryOps.BITCAST):
             kind = UOps.CAST if op.op is UnaryOps.CAST else UOps.BITCAST
+            if kind is UOps.CAST and op.arg == VECTOR_SELECT_DTYPE and dtype_of(op.src[0]) == dtypes.bool:
+                # (a mask exists only where self.vector_select)
+                return [self._mask_to_float(v) if not isinstance(v, tuple) else
+                        tuple(self.uop(kind, op.arg, (x,)) for x in v) for v in srcs[0]]  # fmt: skip
             return [tuple(self.uop(kind, op.arg, (x,)) for x in self._scalars(v)) for v in srcs[0]]
         dt = dtype_of(op)
+        src_dts = [dtype_of(s) for s in op.src]
+        select = op.op in VECTOR_SELECT and self.vector_select and self.width > 1
         out: list[Value] = []
         for group in zip(*srcs):
-            src_dts = [dtype_of(s) for s in op.src]
+            if select and all(d == VECTOR_SELECT_DTYPE for d in src_dts[-2:]):
+                if op.op is TernaryOps.WHERE and not isinstance(group[0], tuple):  # a mask from a vector compare
+                    out.append(self.alu(op.op, dt.vec(self.width), group[0], *map(self._vector, group[1:])))
+                    continue
+                if op.op is not TernaryOps.WHERE and any(not isinstance(v, tuple) for v in group):
+                    out.append(self.alu(op.op, dt.vec(self.width), *map(self._vector, group)))
+                    continue
             if (
                 (op.op in VECTOR_ALU or op.op in self.vector_math)
                 and self._vectorizable(dt)
@@ -606,6 +620,11 @@ class Linearizer:
             else:
                 out.append(tuple(self.alu(op.op, dt, *lane) for lane in zip(*[self._scalars(v) for v in group])))
         return out
+
+    def _mask_to_float(self, mask: UOp) -> UOp:
+        """A mask (a vector comparison's bool vector) cast to float32: 1.0 where it is true, else 0.0."""
+        one, zero = (self._vector(self._splat(self.const(c, VECTOR_SELECT_DTYPE))) for c in (1.0, 0.0))
+        return self.alu(TernaryOps.WHERE, VECTOR_SELECT_DTYPE.vec(self.width), mask, one, zero)
 
     def _lower_group(self, op: LazyOp, g: int) -> Value:
         dt = op.arg.dtype

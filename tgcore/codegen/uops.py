@@ -35,7 +35,11 @@ Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever
 - LOAD (buffer, index): the n consecutive elements from `index` (not necessarily aligned; never gated),
 - STORE (buffer, index, vector value): likewise,
 - ALU with ADD, SUB, MUL, DIV, NEG, the ops in the renderer's `vector_math`, and MULACC where the renderer
-  declares `fused_mulacc`: lane by lane, every operand a vector of the same dtype,
+  declares `fused_mulacc`: lane by lane, every operand a vector of the same dtype; except that CMPLT and CMPEQ (in
+  `vector_math`) compare two float32 vectors into a `bool.vec(n)` mask, and WHERE (in `vector_math`) selects between
+  two float32 vectors by such a mask. A mask comes only from such a comparison and goes only to a WHERE or a GEP
+  (a lane as a scalar bool); it is never loaded, stored, cast or VECTORIZEd. (A cast of a mask to float32 is
+  lowered as a WHERE between 1.0 and 0.0.)
 - DEFINE_ACC (every lane starts at the scalar arg) and PHI,
 besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops) stays scalar, through GEP.
 
@@ -59,11 +63,15 @@ from enum import Enum, auto
 from typing import Any, Optional
 
 from tgcore.dtype import DType, dtypes
-from tgcore.ops import BinaryOps, UnaryOps
+from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
 
 # what vectors are made of, and the ALU ops that take them (see the module docstring)
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
 VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
+# the ops of a renderer's `vector_math` that take or give bool vectors (masks), and the one dtype they compare and
+# select: a comparison's mask has a lane per compared element, of that element's width in C's vector extensions
+VECTOR_SELECT = (BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
+VECTOR_SELECT_DTYPE = dtypes.float32
 # the dtypes of index arithmetic (see the module docstring)
 INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 

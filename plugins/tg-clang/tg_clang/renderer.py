@@ -259,8 +259,9 @@ class ClangRenderer(CStyleLanguage):
     # become one vector FMA); -ffp-contract=off keeps every other multiply and add rounding on its own
     fused_mulacc = True
     # float32 vectors: tg_exp2f<n>, float64 ones lane by lane through libm; MAX: tg_maxf<n> / tg_max<n>; SQRT:
-    # tg_sqrtf<n> / tg_sqrt<n>
-    vector_math = (UnaryOps.EXP2, BinaryOps.MAX, UnaryOps.SQRT)
+    # tg_sqrtf<n> / tg_sqrt<n>; float32 comparisons give masks, int vectors of -1 (true) and 0 (the extensions'
+    # comparison result, tg_mask<n>), and WHERE selects bits by one (a ternary on vectors is C++ only)
+    vector_math = (UnaryOps.EXP2, BinaryOps.MAX, UnaryOps.SQRT, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
     # PACK blocks are arrays on the stack of the calling thread (8 MB for the main thread and, on Linux, Python's
     # others; a 128 KB block of a 2048 x 2048 matmul's right-hand input made it ~20% faster)
     scratch_max = 256 * 1024
@@ -284,7 +285,19 @@ class ClangRenderer(CStyleLanguage):
     def render_dtype(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):
             return self.memory_type(dt.base)
+        if dt.count > 1 and dt.scalar() == dtypes.bool:
+            return f"tg_mask{dt.count}"
         return super().render_dtype(dt)
+
+    def render_vector_type(self, dt: DType) -> str:
+        if dt.scalar() == dtypes.bool:  # a float32 comparison's mask: an int lane per float
+            return f"typedef int tg_mask{dt.count} __attribute__((vector_size({4 * dt.count})));"
+        return super().render_vector_type(dt)
+
+    def render_lane(self, x: str, i: int, dt: DType) -> str:
+        if dt.scalar() == dtypes.bool:  # a mask's lane (-1 or 0) as a bool
+            return f"(({x}[{i}])!=0)"
+        return super().render_lane(x, i, dt)
 
     def memory_type(self, dt: DType) -> str:
         """The C type of `dt` in a buffer or local array."""
@@ -346,6 +359,11 @@ class ClangRenderer(CStyleLanguage):
             return f"{rnd}({self.render_alu(op, srcs, f32, f32)})"
         if op is BinaryOps.MAX and dt.count > 1:  # the header's vector routine
             return f"tg_max{'f' if dt.scalar() == dtypes.float32 else ''}{dt.count}({srcs[0]}, {srcs[1]})"
+        if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ) and dt.count > 1:
+            return f"(({self.render_dtype(dt)})({srcs[0]}{'<' if op is BinaryOps.CMPLT else '=='}{srcs[1]}))"
+        if op is TernaryOps.WHERE and dt.count > 1:
+            m, t = srcs[0], self.render_dtype(dtypes.bool.vec(dt.count))
+            return f"(({self.render_dtype(dt)})((({t})({srcs[1]})&({m}))|(({t})({srcs[2]})&~({m}))))"
         return super().render_alu(op, srcs, dt, src_dt)
 
     def render_math(self, fn: str, x: str, dt: DType) -> str:

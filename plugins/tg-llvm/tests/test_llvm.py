@@ -423,7 +423,10 @@ def test_one_loop_of_whole_vectors_gets_the_short_pipeline_and_the_same_results(
     np.testing.assert_allclose(elementwise.numpy(), expected, rtol=2e-6)
     m = Tensor(x.reshape(64, 64), device="LLVM")
     assert not _whole_vectors(src(m @ m))
-    assert not _whole_vectors(src((t < 0.5).where(t, 2.0)))  # compares and wheres go lane by lane
+    # float32 compares and wheres are masks on whole vectors; float64 ones go lane by lane
+    assert _whole_vectors(src((t < 0.5).where(t, 2.0)))
+    np.testing.assert_array_equal((t < 0.5).where(t, 2.0).numpy(), np.where(x < 0.5, x, np.float32(2.0)))
+    assert not _whole_vectors(src((t.cast(dtypes.float64) < 0.5).where(t, 2.0)))
     np.testing.assert_allclose((m @ m).numpy(), x.reshape(64, 64) @ x.reshape(64, 64), rtol=1e-4, atol=1e-4)
 
 

@@ -109,6 +109,8 @@ _HELPER_NEEDS: dict[str, tuple[str, ...]] = {"tg_f64_to_f16": ("declare double @
 def reg_type(dt: DType) -> str:
     """The LLVM type a value of `dt` has in a register (vectors: `<n x float>` and `<n x double>`)."""
     if dt.count != 1:
+        if dt.scalar() == dtypes.bool:  # a float32 comparison's mask
+            return f"<{dt.count} x i1>"
         if dt.scalar() not in VECTOR_DTYPES:
             raise NotImplementedError(f"the LLVM renderer has vector types of {VECTOR_DTYPES} only, got {dt}")
         return f"<{dt.count} x {reg_type(dt.scalar())}>"
@@ -241,9 +243,10 @@ class LLVMRenderer(Renderer):
     # vector uops as LLVM vector types, as wide as the host's vector registers: the optimizer's register tiles
     # (a matmul's, a conv's) become vector code without relying on LLVM's vectorizers
     vector_uops = True
-    # whole-vector EXP2 (float32: the routine above on every lane), SQRT and MAX: an elementwise kernel of these is
-    # vector code as rendered, and the compiler skips LLVM's loop vectorizer for it (a third of its compile time)
-    vector_math = (UnaryOps.EXP2, UnaryOps.SQRT, BinaryOps.MAX)
+    # whole-vector EXP2 (float32: the routine above on every lane), SQRT and MAX, float32 comparisons into <n x i1>
+    # masks and selects by them: an elementwise kernel of these is vector code as rendered, and the compiler skips
+    # LLVM's loop vectorizer for it (a third of its compile time)
+    vector_math = (UnaryOps.EXP2, UnaryOps.SQRT, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
 
     def __init__(self) -> None:
         self.vector_widths = {dt: host_vector_bytes() // dt.itemsize for dt in VECTOR_DTYPES}
@@ -430,6 +433,11 @@ class _FunctionWriter:
                 return self.intrinsic(_FLOAT_INTRINSICS[op], ty, srcs[0])
             if op is BinaryOps.MAX:  # numpy's maximum, lane by lane: a NaN in either operand is the result
                 return self.float_max(ty, srcs[0], srcs[1])
+            if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ):  # float32 vectors into a mask
+                operand = reg_type(src_dts[0])
+                return self.emit(f"fcmp {'olt' if op is BinaryOps.CMPLT else 'oeq'} {operand} {srcs[0]}, {srcs[1]}")
+            if op is TernaryOps.WHERE:  # by a mask
+                return self.emit(f"select {reg_type(src_dts[0])} {srcs[0]}, {ty} {srcs[1]}, {ty} {srcs[2]}")
             raise NotImplementedError(f"the LLVM renderer has no vector {op}")
         if op is TernaryOps.WHERE:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
