@@ -44,6 +44,12 @@ def _from_python(data: Any, dtype: Optional[DType]) -> np.ndarray:
     return arr
 
 
+# a convolution with at least this many output positions (batch x spatial) reads its weights laid out with the output
+# channel innermost (see Tensor._conv_forward); with fewer the copy costs more than the gathers it saves (CLANG,
+# batch 1: 512->512 3x3 at 7x7 6.9 -> 2.5 ms without it, 1024->2048 1x1 13 -> 3.4 ms, 128->128 at 28x28 2.4 -> 2.3 ms)
+CONV_RELAYOUT_POSITIONS = 2048
+
+
 class Tensor:
     """A lazily evaluated n-dimensional array on a device, with reverse-mode autograd."""
 
@@ -1401,9 +1407,11 @@ class Tensor:
         x = self.pad(((0, 0), (0, 0), *pads))._pool(kernel, stride, dilation)  # (N, Cin, *out, *kernel)
         out_sp = x.shape[2 : 2 + nd]
         x = x.reshape(bs, groups, 1, cin, *out_sp, *kernel)
-        if cout // groups > 1:
-            # the weights laid out with the output channel innermost (a small copy): the conv kernel then loads
-            # a vector of output channels at once instead of gathering them (CLANG conv2d 64->64: 75 -> 105 GFLOP/s)
+        positions = bs * prod(out_sp)
+        if cout // groups > 1 and (not isinstance(positions, int) or positions >= CONV_RELAYOUT_POSITIONS):
+            # the weights laid out with the output channel innermost (a copy of the weights each call): the conv
+            # kernel then loads a vector of output channels at once instead of gathering them (CLANG conv2d
+            # 64->64 at 56x56: 3.0 -> 2.0 ms with the copy); worth it where the kernel reads each weight often
             weight = weight.permute(*range(1, nd + 2), 0).contiguous().permute(nd + 1, *range(nd + 1))
         w = weight.reshape(1, groups, cout // groups, cin, *([1] * nd), *kernel)
         axes = (3, *range(4 + nd, 4 + 2 * nd))
