@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tgcore import Device, Tensor, dtypes
-from tgcore.codegen.kernel import BLOCK_REDUCE, PANEL_TILES, Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.kernel import BLOCK_REDUCE, MAX_UPCAST, PANEL_TILES, Kernel, KernelOptError, Opt, OptOps
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
 from tgcore.device import Buffer
@@ -276,9 +276,26 @@ def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) 
         tiles = n // width
         panel = panel or next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1) if tiles % p == 0)
         assert tile_columns(k) == width
+        # 8 rows: the rows of a (64 x m) are m floats apart, and 16 of them would share L1 sets (m a multiple of
+        # 1024 bytes) and spill the 16 registers of SSE / AVX2; AVX-512's tiles of two vectors reach MAX_UPCAST at 8
+        assert k.applied_opts[1] == Opt(OptOps.UPCAST, 0, 8)
         assert [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT] == [panel, block]
         assert k.applied_opts[-2:] == [Opt(OptOps.HOIST, 2, 1), Opt(OptOps.PACK, 1, 0)]
         assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [panel * block * width]
+
+
+@pytest.mark.parametrize("lanes, registers", [(4, 16), (8, 16), (16, 32)])
+def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(lanes: int, registers: int) -> None:
+    # a conv's rows are neighbouring output positions (one element apart in its input): 16 of them on SSE and AVX2
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = registers
+    si = last_kernel("PYTHON", lambda x, w: x.conv2d(w, padding=1), data((1, 16, 32, 32)), data((32, 16, 3, 3)))
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    upcasts = [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST]
+    width = lanes * (2 if registers >= 32 else 1)
+    assert upcasts[:2] == [width, min(16, MAX_UPCAST // width)]  # (AVX-512's two-vector tiles: 8 rows by MAX_UPCAST)
 
 
 def tile_columns(k: Kernel) -> int:
