@@ -323,6 +323,20 @@ def test_a_variable_named_like_the_thread_bounds_in_a_threaded_kernel():
     np.testing.assert_array_equal(out.numpy(), (x * 2).sum(1))
 
 
+def test_a_long_fused_expression_is_threaded_at_a_smaller_size_than_an_add():
+    # 2^17 elements: too few for an add to pay for a thread, enough for SiLU after BatchNorm (~50 ops an element)
+    from tgcore.engine.realize import get_kernel
+
+    x_np = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)
+    x = Tensor(x_np, device="CLANG")
+    plain, heavy = x + 1, ((x - 0.5) * 1.5).silu()
+    for out, threaded in ((plain, False), (heavy, True)):
+        program = to_program(get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG"))
+        assert (program.thread_extent is not None) is threaded
+    ref = (x_np - np.float32(0.5)) * np.float32(1.5)
+    np.testing.assert_allclose(heavy.numpy(), ref / (1 + np.exp(-ref.astype(np.float64))), rtol=1e-6, atol=1e-30)
+
+
 # ***** compile errors, compiler faults and what a killed compile leaves *****
 
 
