@@ -20,7 +20,7 @@ from tgcore.device import Buffer
 from tgcore.dtype import DType
 from tgcore.engine.realize import CompiledRunner, get_kernel
 from tgcore.helpers import Context
-from tgcore.ops import BinaryOps, BufferOps, UnaryOps
+from tgcore.ops import BinaryOps, BufferOps, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
 from tgcore.runtime.python import PythonRenderer
 
@@ -575,7 +575,7 @@ def test_heavy_elementwise_takes_vectors_along_another_axis() -> None:
     # gathered, stores scattered), a light one stays scalar (planned for a target of 8-float vectors on any machine)
     renderer = cpu_style_python()
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
-    renderer.vector_math = (UnaryOps.EXP2, BinaryOps.MAX)
+    renderer.vector_math = (UnaryOps.EXP2, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
     heavy = Kernel(last_kernel("PYTHON", _silu, data((16, 49)), data((16, 1))).ast, renderer)
     heavy.hand_coded_optimizations()
     assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8)]

@@ -403,3 +403,32 @@ def test_schedule_cache_keeps_apart_an_assign_that_reads_its_target_through_anot
     d = Tensor(np.array([10.0, 20.0, 30.0], np.float32)).realize()
     c.assign(d * 2 + c).realize()
     np.testing.assert_array_equal(c.numpy(), [22.0, 43.0, 64.0])
+
+
+def _residual_stack(layers: int, x_np: np.ndarray, ws: list[np.ndarray]) -> tuple[Tensor, np.ndarray]:
+    """x + f(layernorm(x)), `layers` times: a transformer's residual stream, in tgcore and in numpy."""
+    x, ref = Tensor(x_np), x_np.astype(np.float64)
+    for w in ws[:layers]:
+        x = x + (x.layernorm() @ Tensor(w)).relu()
+        centred = ref - ref.mean(-1, keepdims=True)
+        ref = ref + np.maximum((centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5)) @ w, 0)
+    return x, ref
+
+
+def test_a_residual_stream_read_by_a_reduce_is_realized_so_every_layer_has_the_same_kernels() -> None:
+    # inlined, layer n's LayerNorm would read n + 1 buffers (a kernel of its own to compile for every layer)
+    x_np, ws = data(4, 32), [data(32, 32, seed=i + 1) / 4 for i in range(8)]
+    distinct = []
+    for layers in (4, 8):
+        out, ref = _residual_stack(layers, x_np, ws)
+        asts = [si.ast for si in out.schedule()]
+        distinct.append(len(set(asts)))
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+    assert distinct[0] == distinct[1]  # the same few kernels whatever the depth
+    # a small expression read by a reduce and another kernel stays inlined: the softmax of a scaled input is as
+    # many kernels as the softmax of a buffer
+    scaled = Tensor(data(4, 32)) * 0.5
+    assert len(scaled.softmax(-1).schedule()) == len(Tensor(data(4, 32)).realize().softmax(-1).schedule())
+    value, _ = kernels(scaled.softmax(-1))
+    e = np.exp(data(4, 32) * 0.5 - (data(4, 32) * 0.5).max(-1, keepdims=True))
+    np.testing.assert_allclose(value, e / e.sum(-1, keepdims=True), rtol=1e-5)

@@ -66,6 +66,11 @@ _INLINED = (UnaryOps, BinaryOps, TernaryOps, IndexOps)  # bases computed inside 
 # most buffers it reads; the deepest of tgcore's own composed functions (pow, through exp and log) nest about 90
 MAX_FUSED_DEPTH = 128
 MAX_KERNEL_INPUTS = 64
+# an elementwise base that reads this many buffers or more (through what is inlined into it) and is read by a reduce
+# and by something else is realized, not computed again inside each reader: a residual stream (x + attention +
+# feed-forward, layer after layer) read by the next layer's LayerNorm. Inlined, each layer's kernels read one more
+# term than the last (GPT-2's 12 layers compiled 84 kernels for one step, 12 for one layer realized)
+SHARED_INPUTS_MIN = 3
 
 
 @dataclass
@@ -182,6 +187,10 @@ class _Graph:
                     realizes[sb] = None
                 d, ins = 0, {s.base for s in b.srcs if s.base.op is not const or s.base.realized is not None}
             depth[b], inputs[b] = d + 1, frozenset(ins)
+            if len(ins) >= SHARED_INPUTS_MIN and b not in realizes and isinstance(b.op, _ELEMENTWISE):
+                readers = {c for c, _ in self.children.get(b, [])}
+                if len(readers) >= 2 and any(c.op in ReduceOps for c in readers):
+                    realizes[b] = None
 
     def _enter(self, b: LazyBuffer) -> None:
         self.seen[b] = None
