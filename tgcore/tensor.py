@@ -1404,9 +1404,8 @@ class Tensor:
         """The convolution as windows times weights, summed (the checks done by _conv)."""
         (bs, _), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
         nd = len(kernel)
-        x = self.pad(((0, 0), (0, 0), *pads))._pool(kernel, stride, dilation)  # (N, Cin, *out, *kernel)
-        out_sp = x.shape[2 : 2 + nd]
-        x = x.reshape(bs, groups, 1, cin, *out_sp, *kernel)
+        x = self._conv_windows(kernel, groups, stride, dilation, pads)
+        out_sp = x.shape[4 : 4 + nd]
         positions = bs * prod(out_sp)
         if cout // groups > 1 and (not isinstance(positions, int) or positions >= CONV_RELAYOUT_POSITIONS):
             # the weights laid out with the output channel innermost (a copy of the weights each call): the conv
@@ -1417,6 +1416,13 @@ class Tensor:
         axes = (3, *range(4 + nd, 4 + 2 * nd))
         out = (x * w).sum(axes, acc_dtype=acc_dtype).cast(acc_dtype or least_upper_dtype(x.dtype, w.dtype))
         return out.reshape(bs, cout, *out_sp)
+
+    def _conv_windows(
+        self, kernel: tuple[int, ...], groups: int, stride: Any, dilation: Any, pads: Sequence[tuple[int, int]]
+    ) -> Tensor:
+        """The padded input's windows, grouped: (N, groups, 1, Cin / groups, *out, *kernel)."""
+        x = self.pad(((0, 0), (0, 0), *pads))._pool(kernel, stride, dilation)  # (N, Cin, *out, *kernel)
+        return x.reshape(x.shape[0], groups, 1, x.shape[1] // groups, *x.shape[2:])
 
     def conv_transpose2d(
         self,
@@ -2432,8 +2438,7 @@ class _Conv(F.Function):
                 out_sp, strides, dils, kernel, x.shape[2:], pads)]  # fmt: skip
             gx = g._conv_transpose(w, None, groups, strides, dils, inner).cast(x.dtype).lazydata
         if self.needs_input_grad[1]:
-            xp = x.pad(((0, 0), (0, 0), *pads))._pool(kernel, strides, dils)  # (N, Cin, *out, *kernel)
-            xp = xp.reshape(bs, groups, 1, cin, *out_sp, *kernel)
+            xp = x._conv_windows(kernel, groups, strides, dils, pads)
             gg = g.reshape(bs, groups, cout // groups, 1, *out_sp, *([1] * nd))
             gw = (xp * gg).sum((0, *range(4, 4 + nd))).reshape(cout, cin, *kernel).cast(w.dtype).lazydata
         return gx, gw

@@ -32,7 +32,7 @@ from enum import Enum, auto
 from typing import Optional
 
 from tgcore.codegen.names import internal_prefix, kernel_identifier
-from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE
+from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE, has_vector_select
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
@@ -713,7 +713,7 @@ class Kernel:
         its `vector_math` on operands of one dtype; comparisons, selects and masks cast to float32 on float32 vectors
         where it declares the three select ops."""
         math = self.opts.vector_math
-        if all(o in math for o in VECTOR_SELECT):
+        if has_vector_select(math):
             if x.op in VECTOR_SELECT:
                 return dtype_of(x.src[-1]) == VECTOR_SELECT_DTYPE
             if x.op is UnaryOps.CAST:

@@ -20,7 +20,15 @@ from typing import Any, Optional, Union
 
 from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
 from tgcore.codegen.names import THREAD_BOUNDS, internal_prefix, variable_identifier
-from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE, UOp, UOps
+from tgcore.codegen.uops import (
+    VECTOR_ALU,
+    VECTOR_DTYPES,
+    VECTOR_SELECT,
+    VECTOR_SELECT_DTYPE,
+    UOp,
+    UOps,
+    has_vector_select,
+)
 from tgcore.dtype import ConstType, DType, PtrDType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, MemBuffer, ReduceOps, TernaryOps, UnaryOps
@@ -85,8 +93,7 @@ class Linearizer:
         # the dtype of every index uop (RANGE, SPECIAL, the ALU uops of index math, their CONSTs)
         self.index_dtype = index_dtype or index_dtype_of(k)
         self.vector_math = tuple(k.opts.vector_math)
-        # comparisons into masks and selects by them on float32 vectors (a renderer declares the three together)
-        self.vector_select = all(o in self.vector_math for o in VECTOR_SELECT)
+        self.vector_select = has_vector_select(self.vector_math)  # float32 comparisons into masks, selects by them
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
         self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]

@@ -72,6 +72,11 @@ VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryO
 # select: a comparison's mask has a lane per compared element, of that element's width in C's vector extensions
 VECTOR_SELECT = (BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
 VECTOR_SELECT_DTYPE = dtypes.float32
+
+
+def has_vector_select(vector_math: Any) -> bool:
+    """Whether a renderer's `vector_math` declares the masks: CMPLT, CMPEQ and WHERE, the three together."""
+    return all(op in vector_math for op in VECTOR_SELECT)
 # the dtypes of index arithmetic (see the module docstring)
 INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 
