@@ -57,6 +57,14 @@ class Contiguous(Function):
         return grad_output
 
 
+class Clone(Function):
+    def forward(self, x: LazyBuffer) -> LazyBuffer:
+        return x.copy()
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        return grad_output
+
+
 class ContiguousBackward(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         return x

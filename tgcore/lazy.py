@@ -169,6 +169,10 @@ class LazyBuffer:
             self.base.forced_realize = True  # a kernel boundary: this base gets a buffer of its own
         return self
 
+    def copy(self) -> LazyBuffer:
+        """This data in a new buffer of its own, always (contiguous() returns a contiguous buffer as it is)."""
+        return self._new(LoadOps.CONTIGUOUS, None, (self,))
+
     def cast(self, dtype: DType, bitcast: bool = False) -> LazyBuffer:
         """Convert each element to `dtype` (or reinterpret its bits when bitcast)."""
         if self.dtype == dtype:

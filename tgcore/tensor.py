@@ -215,6 +215,11 @@ class Tensor:
     def contiguous(self) -> Tensor:
         return F.Contiguous.apply(self)
 
+    def clone(self) -> Tensor:
+        """A copy in memory of its own (as torch's clone; contiguous() keeps a contiguous tensor's memory); gradients
+        flow through it."""
+        return F.Clone.apply(self)
+
     def contiguous_backward(self) -> Tensor:
         return F.ContiguousBackward.apply(self)
 

@@ -1039,3 +1039,21 @@ def test_ops_every_dtype(dt: DType) -> None:
         close(ta.exp(), np.exp(a), rtol=tol, dtype=dt)
         close(ta.round(), np.round(a), dtype=dt)
         close(ta.softmax(), np_softmax(a.astype(np.float64)), rtol=10 * tol, atol=tol)
+
+
+def test_clone_copies_into_memory_of_its_own() -> None:
+    """clone keeps every bit (-0.0, NaN) in a new buffer, which a later assign to the source leaves alone; its
+    gradient is the incoming one; contiguous() of a contiguous tensor, by contrast, is the same memory."""
+    src = np.array([1.5, -0.0, np.nan, -3.0], np.float32)
+    a = Tensor(src, requires_grad=True).realize()
+    c = a.clone().realize()
+    assert c.lazydata.base.realized is not a.lazydata.base.realized
+    assert a.contiguous().realize().lazydata.base.realized is a.lazydata.base.realized
+    np.testing.assert_array_equal(c.numpy().view(np.uint32), src.view(np.uint32))
+    a.assign(Tensor.full((4,), 7.0)).realize()
+    np.testing.assert_array_equal(c.numpy().view(np.uint32), src.view(np.uint32))
+    b = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (b.clone() * Tensor([2.0, 3.0, 4.0])).sum().backward()
+    np.testing.assert_array_equal(b.grad.numpy(), [2.0, 3.0, 4.0])
+    i = Tensor(np.arange(6, dtype=np.int32).reshape(2, 3)).T.clone()
+    np.testing.assert_array_equal(i.numpy(), np.arange(6).reshape(2, 3).T)
