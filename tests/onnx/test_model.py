@@ -179,3 +179,53 @@ def test_a_dtype_the_device_lacks_names_the_op_or_initializer(monkeypatch) -> No
     add = helper.make_node("Add", ["x", "w"], ["y"])
     with pytest.raises(UnsupportedOp, match=r"initializer 'w': device .* does not support"):
         OnnxModel(_model([add], [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])], [out], [init]), dev)
+
+
+def _gemm_relu(rng: np.random.Generator) -> tuple[OnnxModel, np.ndarray, np.ndarray]:
+    w, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    return OnnxModel(_model(nodes, [_vi("x", ["n", 4])], [_vi("y", ["n", 3])], inits)), w, b
+
+
+def test_repeated_calls_replay_the_recorded_kernels_with_new_values() -> None:
+    """From the third call of one input signature the graph's recorded kernels run again: each call's outputs are
+    its own inputs' results, and outputs of earlier calls stay as they were (they are copies, not the recording's
+    buffers). Another batch size gets a recording of its own."""
+    from tgcore.helpers import GlobalCounters
+
+    rng = np.random.default_rng(1)
+    model, w, b = _gemm_relu(rng)
+    xs = [rng.standard_normal((2, 4)).astype(np.float32) for _ in range(5)]
+    outs = [model(x=x)["y"] for x in xs]
+    for x, out in zip(xs, outs):
+        np.testing.assert_allclose(out.numpy(), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-6)
+    replay = next(iter(model._replays.values()))
+    assert replay is not None and replay.static and replay.jit.cnt == 2  # (recorded: the last calls replayed)
+    before = GlobalCounters.kernel_count
+    x5 = rng.standard_normal((5, 4)).astype(np.float32)
+    np.testing.assert_allclose(model(x=x5)["y"].numpy(), np.maximum(x5 @ w + b, 0), rtol=1e-5, atol=1e-6)
+    assert GlobalCounters.kernel_count > before and len(model._replays) == 2
+
+
+def test_a_graph_that_reads_computed_values_is_not_replayed() -> None:
+    """NonZero's output shape depends on the values: every call walks the graph again, so each is right."""
+    nodes = [helper.make_node("NonZero", ["x"], ["idx"]), helper.make_node("Identity", ["x"], ["same"])]
+    outs = [helper.make_tensor_value_info("idx", TensorProto.INT64, [1, None]), _vi("same", [4])]
+    model = OnnxModel(_model(nodes, [_vi("x", [4])], outs))
+    for x in ([0, 1, 0, 2], [3, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 5]):
+        arr = np.array(x, np.float32)
+        out = model(x=arr)
+        np.testing.assert_array_equal(out["idx"].numpy(), np.array(np.nonzero(arr)))
+        np.testing.assert_array_equal(out["same"].numpy(), arr)
+    assert list(model._replays.values()) == [None]
+
+
+def test_an_output_that_is_an_input_is_the_new_input() -> None:
+    nodes = [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Neg", ["x"], ["neg"])]
+    model = OnnxModel(_model(nodes, [_vi("x", [3])], [_vi("same", [3]), _vi("neg", [3])]))
+    for k in range(4):
+        x = np.full(3, k, np.float32)
+        out = model(x=x)
+        np.testing.assert_array_equal(out["same"].numpy(), x)
+        np.testing.assert_array_equal(out["neg"].numpy(), -x)

@@ -18,8 +18,12 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
     raise ImportError("tgcore.onnx needs the onnx package: pip install 'tgcore[onnx]'") from e
 
 from tgcore.device import Device
-from tgcore.onnx import external
+from tgcore.engine.jit import JitError, TinyJit
+from tgcore.helpers import JIT
+from tgcore.onnx import external, lowbit
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
+from tgcore.onnx import ops_recent as _ops_recent  # noqa: F401 (registers the operators)
+from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import OnnxError, UnsupportedOp
 from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
 from tgcore.tensor import Tensor
@@ -84,6 +88,7 @@ class _Graph:
                 name = f" {node.name!r}" if node.name else ""
                 raise UnsupportedOp(node.op_type, self.opset, f"node{name} needs a dtype its device lacks: {e}") from e
             outs = [out] if isinstance(out, Tensor) else list(out)
+            outs = lowbit.keep_types(node.op_type, inputs, outs)  # (ops that move values keep a low-bit type)
             for name, t in zip(node.output, outs):
                 if name:  # (None: an output not produced, or an empty optional)
                     env[name] = t
@@ -97,7 +102,11 @@ class OnnxModel:
     files (a model given by its path) are checked and read lazily, at the first run that needs them."""
 
     def __init__(
-        self, model: Union[str, os.PathLike, bytes, onnx.ModelProto], device: Optional[str] = None, check: bool = True
+        self,
+        model: Union[str, os.PathLike, bytes, onnx.ModelProto],
+        device: Optional[str] = None,
+        check: bool = True,
+        jit: bool = True,
     ) -> None:
         # external data (initializers in files beside the model) is read lazily, from the model's folder only
         path: Optional[str] = None
@@ -137,6 +146,10 @@ class OnnxModel:
         self.input_names = [i.name for i in graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in graph.output]
         self._input_types = {i.name: i.type for i in graph.input}
+        # by input signature (names, shapes, dtypes): the recorded kernels of the graph, or None where it cannot be
+        # replayed (it reads computed values to the host, or returns sequences or empty optionals)
+        self.jit = jit
+        self._replays: dict[tuple[Any, ...], Optional[_Replay]] = {}
 
     def _as_tensor(self, name: str, value: Any) -> Any:
         """A tensor; a list (an ONNX sequence) of them; None (an empty optional)."""
@@ -144,16 +157,19 @@ class OnnxModel:
             return None
         if isinstance(value, list):
             return [self._as_tensor(name, v) for v in value]
+        tt = self._input_types.get(name)
+        while tt is not None and tt.HasField("optional_type"):
+            tt = tt.optional_type.elem_type
+        elem = tt.tensor_type.elem_type if tt is not None and tt.HasField("tensor_type") else 0
+        if elem in lowbit.LOWBIT:  # (float8, int4, ...: an ml_dtypes array, carried as a tgcore dtype)
+            return lowbit.check_input(name, value, lowbit.LOWBIT[elem], self.device)
         if isinstance(value, Tensor):
             return value if value.device == self.device else value.to(self.device)
         arr = np.asarray(value)
         if arr.dtype == object or arr.dtype.kind in "SU":
             raise UnsupportedOp("(input)", self.opset, f"input {name!r} holds strings, which tgcore has no dtype for")
-        tt = self._input_types.get(name)
-        while tt is not None and tt.HasField("optional_type"):
-            tt = tt.optional_type.elem_type
-        if tt is not None and tt.HasField("tensor_type") and tt.tensor_type.elem_type:
-            onnx_to_dtype(tt.tensor_type.elem_type, "(input)", self.opset)  # says which type is unsupported
+        if elem:
+            onnx_to_dtype(elem, "(input)", self.opset)  # says which type is unsupported
         return to_tensor(arr, self.device)
 
     def __call__(self, inputs: Optional[dict[str, Any]] = None, **kwargs: Any) -> dict[str, Tensor]:
@@ -164,10 +180,63 @@ class OnnxModel:
         unknown = [n for n in feed if n not in self.input_names and n not in self.initializers]
         if unknown:
             raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
-        values = {**self.initializers, **{n: self._as_tensor(n, v) for n, v in feed.items()}}
+        given = {n: self._as_tensor(n, v) for n, v in feed.items()}
+        if self.jit and JIT.value and all(isinstance(t, Tensor) and n in self.input_names for n, t in given.items()):
+            signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
+            if signature not in self._replays:
+                if len(self._replays) >= _MAX_REPLAYS:  # (the oldest signature's kernels go)
+                    self._replays.pop(next(iter(self._replays)))
+                self._replays[signature] = _Replay(self)
+            if (replay := self._replays[signature]) is not None:
+                outs = replay(given)
+                if replay.static:
+                    return outs
+                self._replays[signature] = None  # (its first run was a plain run: its outputs are right)
+                return outs
+        return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
+
+    def _run(self, given: dict[str, Any]) -> tuple[list[Any], Known]:
+        """The graph's outputs (lazy) for the given inputs, and what it knew of their values on the host."""
         known = Known(self.known)
-        outs = _Graph(self.opset, self.device, known).run(self.proto.graph, values)
-        return {name: _realized(t) for name, t in zip(self.output_names, outs)}
+        return _Graph(self.opset, self.device, known).run(self.proto.graph, {**self.initializers, **given}), known
+
+
+# the input signatures whose kernels an OnnxModel keeps recorded at once
+_MAX_REPLAYS = 16
+
+
+class _Replay:
+    """The kernels of an OnnxModel's graph for one input signature, recorded by a TinyJit: the first call walks the
+    graph, the second records its kernels, later ones launch them without walking it. A graph that reads a computed
+    value to the host (its kernels could change with the input values) is found on the first call (`static` goes
+    False) and is not recorded. Outputs are copied out of the recording's buffers, which the next call overwrites."""
+
+    def __init__(self, model: OnnxModel) -> None:
+        self.model, self.static, self.calls = model, True, 0
+        self.jit = TinyJit(self._graph)
+
+    def _graph(self, **given: Tensor) -> list[Tensor]:
+        outs, known = self.model._run(given)
+        inputs = {id(t.lazydata.base) for t in given.values()}
+        if (
+            known.computed_reads
+            or not all(isinstance(t, Tensor) for t in outs)
+            or any(id(t.lazydata.base) in inputs for t in outs)  # (a replay would return the recorded input)
+        ):
+            self.static = False
+        return outs
+
+    def __call__(self, given: dict[str, Tensor]) -> dict[str, Any]:
+        try:
+            outs = self.jit(**given)
+        except JitError:  # (a graph that runs no kernel: outputs that are initializers)
+            self.static = False
+            return {name: _realized(t) for name, t in zip(self.model.output_names, self.model._run(given)[0])}
+        self.calls += 1
+        names = self.model.output_names
+        if self.calls == 1 or not self.static:  # (a plain run: its outputs are its own)
+            return {name: _realized(t) for name, t in zip(names, outs)}
+        return {name: t.clone().realize() for name, t in zip(names, outs)}
 
 
 def _realized(value: Any) -> Any:

@@ -339,6 +339,10 @@ def _conv(n: Node) -> Tensor:
     flat: list[int] = []
     for p in reversed(pads):  # conv2d's layout: (begin, end) pairs from the last axis back
         flat += list(p)
+    if x.dtype in (dtypes.float16, dtypes.bfloat16):  # each product and the sum in float32, rounded once at the end
+        w, b = w.cast(dtypes.float32), None if b is None else b.cast(dtypes.float32)
+        y = x.cast(dtypes.float32).conv2d(w, b, groups=n.get("group", 1), stride=strides, dilation=dils, padding=flat)
+        return y.cast(x.dtype)
     return x.conv2d(w, b, groups=n.get("group", 1), stride=strides, dilation=dils, padding=flat)
 
 
@@ -682,12 +686,22 @@ def _constant_of_shape(n: Node) -> Tensor:
 
 @op("Cast", 6, 13, 19)
 def _cast(n: Node) -> Tensor:
-    return n[0].cast(onnx_to_dtype(n.get("to"), n.op_type, n.opset))
+    from tgcore.onnx import lowbit  # (float8, float4, int4, int2: carried in a tgcore dtype)
+
+    to, x = n.get("to"), lowbit.carrier(n[0])
+    if to in lowbit.LOWBIT:
+        return lowbit.cast_to(x, lowbit.LOWBIT[to], *lowbit.cast_options(n))
+    return x.cast(onnx_to_dtype(to, n.op_type, n.opset))
 
 
 @op("CastLike", 15)
 def _castlike(n: Node) -> Tensor:
-    return n[0].cast(n[1].dtype)
+    from tgcore.onnx import lowbit
+
+    x, like = lowbit.carrier(n[0]), n[1]
+    if isinstance(like, lowbit.LowBitTensor):
+        return lowbit.cast_to(x, like.kind, *lowbit.cast_options(n))
+    return x.cast(like.dtype)
 
 
 @op("Reshape", 5, 14)
@@ -1570,6 +1584,49 @@ def _loop(n: Node) -> list:
     return [*carried, *stacked]
 
 
+@op("Scan", 8)
+def _scan_batched(n: Node) -> list:
+    """Opset 8: axis 0 of states and scan inputs is a batch, axis 1 the sequence; the body runs per batch row."""
+    body, k = n.attrs["body"], n.get("num_scan_inputs")
+    lens_given, rest = n.ints(0), n.inputs[1:]
+    inits, xs = list(rest[: len(rest) - k]), list(rest[len(rest) - k :])
+    if not xs or any(x.ndim < 2 or x.shape[:2] != xs[0].shape[:2] for x in xs):
+        raise OnnxError(f"Scan (opset 8): expected {k} scan inputs of shape (batch, sequence, ...) with equal sizes")
+    batch, longest = xs[0].shape[:2]
+    lens = lens_given if lens_given is not None else [longest] * batch
+    if len(lens) != batch or any(not 0 <= m <= longest for m in lens):
+        raise OnnxError(f"Scan (opset 8): sequence_lens {lens} must hold {batch} lengths in [0, {longest}]")
+    dirs = n.get("directions", [0] * k)
+    names = [i.name for i in body.input]
+    n_out = len(body.output) - len(inits)
+    finals: list[list[Tensor]] = [[] for _ in inits]
+    scans: list[list[list[Tensor]]] = [[] for _ in range(n_out)]  # per output, per batch row: its steps
+    for b in range(batch):
+        states = [s[b] for s in inits]
+        steps: list[list[Tensor]] = [[] for _ in range(n_out)]
+        for t in range(lens[b]):
+            slices = [x[b, lens[b] - 1 - t if d else t] for x, d in zip(xs, dirs)]
+            outs = n.run_graph(body, dict(zip(names, states + slices)))
+            states = outs[: len(inits)]
+            for s, o in zip(steps, outs[len(inits) :]):
+                s.append(o)
+        for f, st in zip(finals, states):
+            f.append(st)
+        for per_row, s in zip(scans, steps):
+            per_row.append(s)
+    stacked = []
+    for per_row in scans:
+        elem = next((s[0] for s in per_row if s), None)
+        if elem is None:
+            raise n.unsupported("every sequence is empty, so the scan outputs' element shape is unknown")
+        rows = []
+        for s in per_row:  # each row padded to the longest sequence (the spec leaves the padding undefined: zeros)
+            row = _stack(s) if s else Tensor.zeros(0, *elem.shape, dtype=elem.dtype, device=n.device)
+            rows.append(row.pad(((0, longest - len(s)),) + ((0, 0),) * elem.ndim))
+        stacked.append(_stack(rows))
+    return [*(_stack(f) for f in finals), *stacked]
+
+
 @op("Scan", 9, 11, 16, 19, 21, 23, 24)
 def _scan(n: Node) -> list:
     body, k = n.attrs["body"], n.get("num_scan_inputs")
@@ -1597,12 +1654,12 @@ def _scan(n: Node) -> list:
     return [*states, *stacked]
 
 
-# ***** quantization (8- and 16-bit integers; float8 and 2/4-bit types have no tgcore dtype) *****
+# ***** quantization (8- and 16-bit integers; float8, float4, int4 and int2 carried in a tgcore dtype: lowbit.py) *****
 
 
 def _qparam(p: Optional[Tensor], x: Tensor, axis: int, block: int) -> Optional[Tensor]:
     """A scale or zero point shaped to broadcast against x: per tensor, per axis or per block along axis."""
-    if p is None or p.ndim == 0 or (p.ndim == 1 and p.shape[0] == 1 and x.shape[axis] != 1 and not block):
+    if p is None or p.ndim == 0 or (p.ndim == 1 and p.shape[0] == 1 and not block):  # (one value: per tensor)
         return None if p is None else p.reshape(())
     if block:
         rep = [block if a == axis else 1 for a in range(p.ndim)]
@@ -1627,27 +1684,46 @@ def _quantize(x: Tensor, scale: Tensor, zp: Optional[Tensor], out_dt, wide) -> T
 
 @op("QuantizeLinear", 10, 13, 19, 21)
 def _quantize_linear(n: Node) -> Tensor:
+    from tgcore.onnx import lowbit  # (float8, float4, int4, int2 outputs: carried in a tgcore dtype)
+
     x, scale, zp = n[0], n[1], n[2]
     axis, block = norm_axis(n.get("axis", 1), max(x.ndim, 1)), n.get("block_size", 0)
     if zp is not None:
-        out_dt = zp.dtype
+        out_dt = zp.kind if isinstance(zp, lowbit.LowBitTensor) else zp.dtype
+        zp = lowbit.carrier(zp)
+    elif n.get("output_dtype", 0) in lowbit.LOWBIT:
+        out_dt = lowbit.LOWBIT[n.get("output_dtype")]
     elif n.get("output_dtype", 0):
         out_dt = onnx_to_dtype(n.get("output_dtype"), n.op_type, n.opset)
     else:
         out_dt = dtypes.uint8
-    wide = onnx_to_dtype(n.get("precision"), n.op_type, n.opset) if n.get("precision", 0) else scale.dtype
-    if wide in (dtypes.float16, dtypes.bfloat16):
-        wide = dtypes.float32  # (the quotient rounds to an integer: float32 holds every half-type one)
-    return _quantize(x, _qparam(scale, x, axis, block), _qparam(zp, x, axis, block), out_dt, wide)
+    precision = onnx_to_dtype(n.get("precision"), n.op_type, n.opset) if n.get("precision", 0) else scale.dtype
+    wide = dtypes.float32 if precision in (dtypes.float16, dtypes.bfloat16) else precision
+    s, z = _qparam(scale, x, axis, block), _qparam(zp, x, axis, block)
+    if not isinstance(out_dt, lowbit.LowBitType):
+        # (the quotient rounds to an integer: float32 holds every half-type one)
+        return _quantize(x, s, z, out_dt, wide)
+    q = x.cast(wide) / s.cast(wide)
+    if not out_dt.is_float:
+        return lowbit.saturate_int(q.round() if z is None else q.round() + z.cast(wide), out_dt)
+    # a float type rounds the quotient as computed in its precision (a half type's: float32's, rounded once more)
+    q = q.cast(precision).cast(wide)
+    return lowbit.cast_to(q if z is None else q + z.cast(wide), out_dt, saturate=bool(n.get("saturate", 1)))
 
 
 @op("DequantizeLinear", 10, 13, 19, 21)
 def _dequantize_linear(n: Node) -> Tensor:
-    x, scale, zp = n[0], n[1], n[2]
+    from tgcore.onnx import lowbit  # (float8, float4, int4, int2 inputs: carried in a tgcore dtype)
+
+    x, scale, zp = lowbit.carrier(n[0]), n[1], n[2]
+    zp = None if zp is None else lowbit.carrier(zp)
     axis, block = norm_axis(n.get("axis", 1), max(x.ndim, 1)), n.get("block_size", 0)
     out_dt = onnx_to_dtype(n.get("output_dtype"), n.op_type, n.opset) if n.get("output_dtype", 0) else scale.dtype
     s, z = _qparam(scale, x, axis, block), _qparam(zp, x, axis, block)
     wide = dtypes.float32 if out_dt in (dtypes.float16, dtypes.bfloat16) else out_dt
+    if dtypes.is_float(x.dtype):  # (float8 and float4 values, carried as float32; their zero point too)
+        y = x.cast(wide) if z is None else x.cast(wide) - z.cast(wide)
+        return (y * s.cast(wide)).cast(out_dt)
     y = x.cast(dtypes.int32) if z is None else x.cast(dtypes.int32) - z.cast(dtypes.int32)
     return (y.cast(wide) * s.cast(wide)).cast(out_dt)
 
@@ -1984,39 +2060,55 @@ op("LSTM", 7, 14, 22)(lambda n: _recurrent(n, 4, ["Sigmoid", "Tanh", "Tanh"], _l
 
 @op("DFT", 17, 20)
 def _dft(n: Node) -> Tensor:
+    """y[k] = sum_j x[j] e^(-+2 pi i jk / L) as two real matrix products; onesided: RFFT forward, IRFFT inverse."""
     x = n[0]
     if n.opset >= 20:
         axis = int(n.host(2).reshape(-1)[0]) if n[2] is not None else -2
     else:
         axis = n.get("axis", 1)
     axis = norm_axis(axis, x.ndim)
-    if axis == x.ndim - 1:
-        raise n.unsupported("axis names the last (real, imaginary) axis; expected a signal axis")
-    re = x[..., 0]
-    im = x[..., 1] if x.shape[-1] == 2 else None
-    size = x.shape[axis]
-    length = int(n.host(1).reshape(-1)[0]) if n[1] is not None and n.host(1).size else size
+    if not 0 <= axis < x.ndim - 1:
+        raise n.unsupported(f"axis {axis} of a rank-{x.ndim} input: expected a signal axis, not the last one")
+    if x.shape[-1] not in (1, 2):
+        raise OnnxError(f"DFT: the last axis holds (real, imaginary) and has size {x.shape[-1]}; expected 1 or 2")
     inverse, onesided = bool(n.get("inverse", 0)), bool(n.get("onesided", 0))
+    complex_in = x.shape[-1] == 2
+    if onesided and complex_in != inverse:
+        raise n.unsupported("onesided takes a real input forward (RFFT) and a complex one inverse (IRFFT)")
+    re = x[..., 0]
+    im = x[..., 1] if complex_in else None
+    size = x.shape[axis]
+    irfft = onesided and inverse
+    given = n.host(1) if n[1] is not None else None
+    length = int(given.reshape(-1)[0]) if given is not None and given.size else (2 * (size - 1) if irfft else size)
+    if length < 1:
+        raise OnnxError(f"DFT: dft_length is {length}; expected a positive length")
+    # the input's length along axis: the signal, or IRFFT's one-sided bins 0..length // 2
+    taken = length // 2 + 1 if irfft else length
 
-    def fit(t: Tensor) -> Tensor:  # zero-padded or cut to the DFT length along axis
-        if length > size:
-            return t.pad(tuple((0, length - size) if a == axis else (0, 0) for a in range(t.ndim)))
-        return t.shrink(tuple((0, length) if a == axis else (0, s) for a, s in enumerate(t.shape)))
+    def fit(t: Tensor) -> Tensor:  # zero-padded or cut to `taken` along axis
+        if taken > size:
+            return t.pad(tuple((0, taken - size) if a == axis else (0, 0) for a in range(t.ndim)))
+        return t.shrink(tuple((0, taken) if a == axis else (0, s) for a, s in enumerate(t.shape)))
 
     re, im = fit(re), None if im is None else fit(im)
     outs = length // 2 + 1 if onesided and not inverse else length
-    k, j = np.arange(outs).reshape(-1, 1), np.arange(length).reshape(1, -1)
+    j, k = np.arange(taken).reshape(-1, 1), np.arange(outs).reshape(1, -1)  # (input position, output position)
     angle = (2 if inverse else -2) * np.pi * ((k * j) % length) / length
-    norm = 1 / length if inverse else 1.0
+    scale = np.full((taken, 1), 1 / length if inverse else 1.0)
+    if irfft:  # each bin but 0 and length/2 stands for itself and its conjugate mirror
+        scale[1 : (length + 1) // 2] *= 2
     wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
-    cos_t = Tensor((np.cos(angle) * norm).T.astype(wide.np), device=n.device)
-    sin_t = Tensor((np.sin(angle) * norm).T.astype(wide.np), device=n.device)
+    cos_t = Tensor((np.cos(angle) * scale).astype(wide.np), device=n.device)
+    sin_t = Tensor((np.sin(angle) * scale).astype(wide.np), device=n.device)
     last = lambda t: t.cast(wide).transpose(axis, -1)  # noqa: E731 (the signal axis to the end)
+    back = lambda t: t.transpose(axis, -1).unsqueeze(-1)  # noqa: E731
     yr, yi = last(re).matmul(cos_t), last(re).matmul(sin_t)
     if im is not None:
         yr, yi = yr - last(im).matmul(sin_t), yi + last(im).matmul(cos_t)
-    back = lambda t: t.transpose(axis, -1)  # noqa: E731
-    return back(yr).unsqueeze(-1).cat(back(yi).unsqueeze(-1), dim=-1).cast(x.dtype)
+    if irfft:  # a real signal: its real part only
+        return back(yr).cast(x.dtype)
+    return back(yr).cat(back(yi), dim=-1).cast(x.dtype)
 
 
 @op("NonMaxSuppression", 10, 11)
@@ -2069,15 +2161,21 @@ def _affine_grid(n: Node) -> Tensor:
 
 @op("MaxUnpool", 9, 11)
 def _max_unpool(n: Node) -> Tensor:
+    """The indices address the shape MaxPool's attributes imply; an output_shape input pads that shape at its ends."""
     x, idx = n[0], n[1]
     kernel, nd = n.get("kernel_shape"), x.ndim - 2
-    strides, pads = n.get("strides", [1] * nd), n.get("pads", [0] * (2 * nd))
-    if n[2] is not None:
-        out_shape = n.ints(2)
-    else:
-        sp = [(i - 1) * s + k - pads[a] - pads[a + nd] for a, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]
-        out_shape = [*x.shape[:2], *sp]
-    total = math.prod(out_shape)
-    flat = Tensor.zeros(1, total, dtype=x.dtype, device=x.device)
-    out = _scatter_axis(n, flat, idx.reshape(1, -1), x.reshape(1, -1), 1, "none")  # (indices: into the whole output)
-    return out.reshape(out_shape)
+    strides = n.get("strides", [1] * nd)
+    pads = n.get("pads", [0] * (2 * nd)) if n[2] is None else [0] * (2 * nd)  # (output_shape: pads are ignored)
+    sp = [(i - 1) * s + k - pads[a] - pads[a + nd] for a, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))]
+    shape = [*x.shape[:2], *sp]
+    flat = Tensor.zeros(1, math.prod(shape), dtype=x.dtype, device=x.device)
+    out = _scatter_axis(n, flat, idx.reshape(1, -1), x.reshape(1, -1), 1, "none").reshape(shape)
+    if n[2] is None:
+        return out
+    want = n.ints(2)
+    if len(want) != len(shape) or any(w < s for w, s in zip(want, shape)) or want[:2] != shape[:2]:
+        raise OnnxError(
+            f"MaxUnpool: output_shape {want} is smaller than, or of another rank or batch/channels than, the unpooled "
+            f"shape {shape} that kernel_shape and strides imply; expected each dimension at least that size"
+        )
+    return out.pad(tuple((0, w - s) for w, s in zip(want, shape)))  # (the extra rows and columns at the end)

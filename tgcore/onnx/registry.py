@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from tgcore.dtype import DType, dtypes
+from tgcore.onnx import lowbit
 from tgcore.onnx.errors import UnsupportedOp
 from tgcore.tensor import Tensor
 
@@ -55,13 +56,20 @@ def onnx_to_dtype(elem_type: int, op_type: str = "?", opset: Optional[int] = Non
 
 
 def to_tensor(arr: np.ndarray, device: str) -> Tensor:
-    """A numpy array as a tensor; bfloat16 (ml_dtypes, which numpy has no name for) travels as its bits."""
+    """A numpy array as a tensor; bfloat16 (ml_dtypes, which numpy has no name for) travels as its bits, the low-bit
+    ml_dtypes types (float8, float4, int4, int2) as a LowBitTensor of their carrier dtype (see lowbit.py)."""
     if arr.dtype.name == "bfloat16":
-        return Tensor(np.ascontiguousarray(arr).view(np.uint16), device=device).bitcast(dtypes.bfloat16)
+        bits = np.ascontiguousarray(arr).view(np.uint16).reshape(arr.shape)  # (ascontiguousarray makes 0-d 1-d)
+        return Tensor(bits, device=device).bitcast(dtypes.bfloat16)
+    if lowbit.of_numpy(arr.dtype) is not None:
+        return lowbit.from_numpy(arr, device)
     return Tensor(arr, device=device)
 
 
 def to_numpy(t: Tensor) -> np.ndarray:
+    """A tensor's values on the host; bfloat16 and the low-bit types as their ml_dtypes arrays."""
+    if isinstance(t, lowbit.LowBitTensor):
+        return lowbit.to_numpy(t)
     if t.dtype == dtypes.bfloat16:
         import ml_dtypes  # (onnx depends on it)
 
@@ -75,6 +83,9 @@ class Known(dict):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.alive: list[Tensor] = list(getattr(args[0], "alive", [])) if args else []
+        # reads of computed values to the host (a shape, a condition or a count the graph's next steps depend on):
+        # a graph that makes none runs the same kernels for any input values, so its kernels can be replayed
+        self.computed_reads = 0
 
     def put(self, t: Tensor, value: np.ndarray) -> Tensor:
         self[id(t)] = value
@@ -108,14 +119,14 @@ class Node:
         t = self[i]
         if t is None:
             return None
-        if (v := self.known.get(id(t))) is not None:
-            return v
-        return t.numpy()
+        return self.host_of(t)
 
     def host_of(self, t: Tensor) -> np.ndarray:
         """Any tensor's values on the host, from its host copy when one is known."""
-        v = self.known.get(id(t))
-        return t.numpy() if v is None else v
+        if (v := self.known.get(id(t))) is not None:
+            return v
+        self.known.computed_reads += 1
+        return to_numpy(t)
 
     def ints(self, i: int) -> Optional[list[int]]:
         v = self.host(i)
