@@ -24,6 +24,7 @@ from tgcore.onnx import external, lowbit
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_recent as _ops_recent  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the operators)
+from tgcore.onnx import ops_text as _ops_text  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import OnnxError, UnsupportedOp
 from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
 from tgcore.tensor import Tensor
