@@ -1306,6 +1306,12 @@ class Tensor:
             raise ShapeError(
                 f"a window of {k} taps (dilation {dilation}, stride {stride}) does not fit an axis of size {n}"
             )
+        if not self.requires_grad and type(self.lazydata) is LazyBuffer and isinstance(n, int):
+            # no gradient flows: the windows as one view (ShapeTracker.window), affine in the position and the tap,
+            # where the chain below is a pile of views whose index divides (ResNet's stride-2 3x3 max pool of a
+            # 2 x 64 x 114 x 114 map on one core: 12.2 -> 1.0 ms)
+            lb = self.lazydata
+            return Tensor(lb._view(lb.st.window(ax, k, stride, dilation)), device=self.device, requires_grad=False)
         m = self.ndim - 1
         x = self.permute([a for a in range(self.ndim) if a != ax] + [ax])
         # k copies of the axis laid end to end, read in rows of n + dilation: row j starts at tap j's offset

@@ -298,6 +298,22 @@ def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(lanes: int, registe
     assert upcasts[:2] == [width, min(16, MAX_UPCAST // width)]  # (AVX-512's two-vector tiles: 8 rows by MAX_UPCAST)
 
 
+@pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
+def test_a_residual_added_after_a_conv_does_not_choose_its_vectors(lanes: int, registers: int) -> None:
+    """The tile's column (vector) axis is the one the reduce's loads read whole vectors along: a shortcut added to
+    the conv's output (read once per output, contiguous along the output's rows) leaves the tile as it is without it."""
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = registers
+    x, w, r = data((2, 16, 64, 64)), data((32, 16, 3, 3)), data((2, 32, 64, 64))
+    opts = []
+    for build in (lambda x, w, r: x.conv2d(w, padding=1).relu(), lambda x, w, r: (x.conv2d(w, padding=1) + r).relu()):
+        k = Kernel(last_kernel("PYTHON", build, x, w, r).ast, renderer)
+        k.hand_coded_optimizations()
+        opts.append(k.applied_opts)
+    assert opts[0] == opts[1] and opts[0][0].axis == 1  # (axis 1: the output channels, whose weights are contiguous)
+
+
 def tile_columns(k: Kernel) -> int:
     """How many columns the heuristics gave a matmul tile (their first opt: the column axis's UPCAST), which
     depends on the target's vector width and registers."""
@@ -588,3 +604,31 @@ def test_heavy_elementwise_takes_vectors_along_another_axis() -> None:
 def test_heavy_elementwise_vectors_keep_results(device: str) -> None:
     check(device, _silu, data((16, 49)), data((16, 1)))
     check(device, _silu, data((16, 49)), data((16, 1)), opts=[Opt(OptOps.UPCAST, 0, 8)])
+
+
+def test_loads_and_broadcasts_sit_just_before_their_first_use() -> None:
+    """A tile's loads (and the vectors built of them) are placed right before the first uop that reads them, never
+    across a loop bound, branch or store, so a C compiler does not keep them all live at once; the kernel's results
+    are those of the unsorted uops."""
+    from tgcore.codegen.linearizer import _LOAD_FENCES, _SUNK, _at_first_use
+
+    x, w = data((1, 8, 10, 10)), data((16, 8, 3, 3))
+    si = last_kernel("PYTHON", lambda x, w: x.conv2d(w, padding=1), x, w)
+    k = Kernel(si.ast, cpu_style_python())
+    k.hand_coded_optimizations()
+    uops = to_program(k).uops
+    position = {id(u): i for i, u in enumerate(uops)}
+    for i, u in enumerate(uops):
+        if u.op not in _SUNK:
+            continue
+        users = [position[id(v)] for v in uops if any(s is u for s in v.src)]
+        assert users, "a load nobody reads"
+        first = min(users)
+        between = uops[i + 1 : first]
+        # right before its first reader: only other sunk uops (that reader's other sources) in between
+        assert all(v.op in _SUNK for v in between), [v.op for v in between]
+        assert not any(v.op in _LOAD_FENCES for v in between)
+    assert _at_first_use(uops) == uops  # (already in that order: sorting again changes nothing)
+    got = run("PYTHON", si, k)
+    want = Tensor(x).conv2d(Tensor(w), padding=1).numpy().reshape(-1)
+    np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-5, atol=1e-5)

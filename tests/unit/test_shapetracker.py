@@ -544,3 +544,54 @@ def test_every_movement_op_is_remembered_per_tracker_for_plain_arguments() -> No
     sym = ShapeTracker.from_shape((6,))
     bound, unbound = sym.pad(((i.bind(2), 0),)), sym.pad(((i, 0),))
     assert [v.val for v in bound.shape[0].vars()] == [2] and [v.val for v in unbound.shape[0].vars()] == [None]
+
+
+# ---- sliding windows ------------------------------------------------------------------------------
+
+
+def _contains_div(node) -> bool:
+    """Whether a // or % is anywhere in the expression."""
+    if isinstance(node, (DivNode, ModNode)):
+        return True
+    inner = [node.a] if isinstance(node, MulNode) else list(getattr(node, "nodes", ()))
+    return any(_contains_div(n) for n in inner)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.integers(1, 3), st.integers(4, 12), st.integers(1, 4), st.integers(1, 3), st.integers(1, 2), st.integers(0, 2),
+    st.booleans(),
+)
+def test_window_matches_numpy(c, n, k, stride, dilation, pad, permuted):
+    """ShapeTracker.window: element (.., i, .., j) is element stride * i + dilation * j of the axis, for a plain, a
+    permuted and a padded (masked) tracker; where the axis is read unmasked it stays one view, affine in i and j."""
+    if dilation * (k - 1) + 1 > n + 2 * pad:
+        return
+    buf = np.arange(c * n, dtype=np.int64)
+    base = ShapeTracker.from_shape((c, n)) if not permuted else ShapeTracker.from_shape((n, c)).permute((1, 0))
+    ref = buf.reshape(c, n) if not permuted else buf.reshape(n, c).T
+    s = base.pad(((0, 0), (pad, pad))) if pad else base
+    ref = np.pad(ref, ((0, 0), (pad, pad)), constant_values=-1)
+    w = s.window(1, k, stride, dilation)
+    o = (n + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    want = np.stack([ref[:, j * dilation : j * dilation + (o - 1) * stride + 1 : stride] for j in range(k)], -1)
+    assert w.shape == (c, o, k)
+    np.testing.assert_array_equal(st_values(w, buf), want)
+    if not pad:
+        assert len(w.views) == len(s.views)
+        assert not _contains_div(w.expr_idxs()[0])
+
+
+def test_a_strided_max_pool_indexes_without_division():
+    """A 3x3 stride-2 max pool of a padded map (ResNet's, after its stem): the kernel's indices are sums of loop
+    indices times strides (the window is one view; the pad's view below it unravels without a carry), no / or %."""
+    from tgcore import Tensor
+    from tgcore.codegen.program import to_program
+    from tgcore.device import Device
+    from tgcore.engine.realize import get_kernel
+
+    x = Tensor.empty(2, 8, 16, 16, device="PYTHON")
+    for t in (x.pad2d((1, 1, 1, 1), value=float("-inf")).contiguous().max_pool2d(3, 2), (x.relu() + 1).max_pool2d(3, 2)):
+        src = to_program(get_kernel(Device["PYTHON"].renderer, t.schedule()[-1].ast, "PYTHON")).uops
+        assert not [u for u in src if u.op.name == "ALU" and u.arg is not None and u.arg.name in ("IDIV", "DIV", "MOD")
+                    and u.dtype is not None and u.dtype.name.startswith("int")]

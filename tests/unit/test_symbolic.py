@@ -301,3 +301,19 @@ def test_random_expressions(t):
         assert int(eval(text, {}, {v.expr: p for v, p in zip(VARS, pt)})) == want
     # substituting all variables folds to the constant
     assert node.substitute(dict(zip(VARS, POINTS[7]))) == value(t, POINTS[7])
+
+
+def test_a_sum_without_carry_divides_by_its_outer_terms() -> None:
+    """(B * d + s) // (d * m) is B // m and its % is (B % m) * d + s when 0 <= s < d: a window's index unravelled
+    by the padded tracker below it (outer axes in multiples of a row, the position and tap under one row)."""
+    c, i, j = Variable("c", 0, 127), Variable("i", 0, 55), Variable("j", 0, 2)
+    flat = c * 12996 + i * 228 + j * 114 + 3  # (a 114 x 114 map: 12996 per channel, rows of 114)
+    for node, want in ((flat // 831744, (c // 64)), (flat % 831744, (c % 64) * 12996 + i * 228 + j * 114 + 3)):
+        assert node == want and "831744" not in node.render()
+    for cv, iv, jv in itertools.product((0, 1, 63, 64, 65, 127), (0, 17, 55), (0, 2)):
+        env = {c: cv, i: iv, j: jv}
+        total = cv * 12996 + iv * 228 + jv * 114 + 3
+        assert (flat // 831744).substitute(env).evaluate() == total // 831744
+        assert (flat % 831744).substitute(env).evaluate() == total % 831744
+    # a term that may carry past the divisor's factor keeps the division
+    assert isinstance((c * 12996 + i * 300) // 831744, DivNode)

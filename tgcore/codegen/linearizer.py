@@ -315,6 +315,7 @@ class Linearizer:
         for r in reversed(self.ranges):
             self.close_range(r)
         self.uops = _live(self.uops)
+        self.uops = _at_first_use(self.uops)
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
         iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape[: k.first_upcast]])
         self.op_estimate = n_alu * iterations
@@ -999,3 +1000,42 @@ def _live(uops: list[UOp]) -> list[UOp]:
         keep.append(u)
         read.update(id(s) for s in u.src)
     return keep[::-1]
+
+
+# uops a LOAD (or a vector built of loads) is not moved past: loop and branch bounds, and anything that writes or
+# orders memory
+_LOAD_FENCES = frozenset((UOps.RANGE, UOps.ENDRANGE, UOps.IF, UOps.ENDIF, UOps.STORE, UOps.BARRIER))
+_SUNK = frozenset((UOps.LOAD, UOps.VECTORIZE))
+
+
+def _at_first_use(uops: list[UOp]) -> list[UOp]:
+    """`uops` with each LOAD and VECTORIZE moved down to just before the first uop that reads it, within its block
+    (no loop or branch bound, store or barrier is crossed, so every load reads the same memory as before). A tile's
+    loads and broadcasts are lowered together at the top of its loop body; a C compiler at -O1 keeps that order, so
+    all of them are live at once and spill the registers the accumulators need (a 3x3 conv of 256 channels at 14x14
+    on AVX2: 16 input values, 3 weight vectors and 14 accumulators for 16 registers; one thread 49 -> 59 GFLOP/s,
+    64 channels at 56x56 53 -> 70)."""
+    out: list[UOp] = []
+    pending: dict[int, UOp] = {}  # id -> a LOAD not placed yet, in program order
+
+    def place(u: UOp) -> None:
+        for s in u.src:
+            if (p := pending.pop(id(s), None)) is not None:
+                place(p)
+        out.append(u)
+
+    for u in uops:
+        if u.op in _SUNK:
+            pending[id(u)] = u
+            continue
+        if u.op in _LOAD_FENCES:
+            for p in list(pending.values()):
+                if id(p) in pending:
+                    del pending[id(p)]
+                    place(p)
+        place(u)
+    for p in list(pending.values()):
+        if id(p) in pending:
+            del pending[id(p)]
+            place(p)
+    return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from tgcore.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
-from tgcore.shape.view import View, _canon, _plain_ints, _prod
+from tgcore.shape.view import View, _canon, _plain_ints, _prod, strides_for_shape
 
 _MOVES_KEPT = 16
 _ADDED_KEPT = 1 << 15
@@ -363,6 +363,27 @@ class ShapeTracker:
     def stride(self, mul: Sequence[int]) -> "ShapeTracker":
         mul = tuple(mul)
         return self._moved(("stride", mul), True, lambda: self._replace_last(self.views[-1].stride(mul)))
+
+    def window(self, axis: int, k: int, stride: int, dilation: int) -> "ShapeTracker":
+        """Sliding windows along `axis` (size n): it becomes the o = (n - dilation * (k - 1) - 1) // stride + 1
+        window positions, and a new last axis the k taps of each; element (.., i, .., j) is element
+        stride * i + dilation * j of the axis. One view, whose index is affine in i and j, when the last view reads
+        the axis unmasked; else a view on top of it (a padded axis: its mask is not a box in (i, j))."""
+        last = self.views[-1]
+        n = last.shape[axis]
+        o = (n - dilation * (k - 1) - 1) // stride + 1
+
+        new_shape = last.shape[:axis] + (o,) + last.shape[axis + 1 :] + (k,)
+        st = last.strides[axis]
+        if (last.mask is None or tuple(last.mask[axis]) == (0, n)) and isinstance(st, int):
+            strides = last.strides[:axis] + (stride * st,) + last.strides[axis + 1 :] + (dilation * st,)
+            mask = None
+            if last.mask is not None:
+                mask = tuple(last.mask[:axis]) + ((0, o),) + tuple(last.mask[axis + 1 :]) + ((0, k),)
+            return self._replace_last(View.create(new_shape, strides, last.offset, mask))
+        flat = strides_for_shape(last.shape)
+        strides = flat[:axis] + (stride * flat[axis],) + flat[axis + 1 :] + (dilation * flat[axis],)
+        return ShapeTracker(self.views + (View.create(new_shape, strides),)).simplify()
 
     def flip(self, axes: Sequence[int]) -> "ShapeTracker":
         axes = tuple(axes)

@@ -763,7 +763,21 @@ class SumNode(Node):
         g = math.gcd(b, const, *(c for c, _ in terms))
         if g > 1:
             return Node.sum([base._mul_int(c // g) for c, base in terms] + [const // g]) // (b // g)
+        if (split := self._carry_free(terms, const, b)) is not None:
+            d, big, _ = split
+            return big // (b // d)
         return DivNode(self, b)
+
+    def _carry_free(self, terms: List[Tuple[int, Node]], const: int, b: int) -> Optional[Tuple[int, Node, Node]]:
+        """(d, big, small) with self = big * d + small, d a divisor of b and 0 <= small < d, where one exists (the
+        largest such d): then self // b = big // (b / d) and self % b = (big % (b / d)) * d + small, as no carry
+        crosses d. A window's index into the tracker below it is such a sum (positions and taps, whose largest
+        value stays under the next axis's stride, plus the outer axes in multiples of it)."""
+        for d in sorted({c for c, _ in terms if 1 < c < b and b % c == 0}, reverse=True):
+            small = Node.sum([base._mul_int(c) for c, base in terms if c % d != 0] + [const])
+            if small.min >= 0 and small.max < d:
+                return d, Node.sum([base._mul_int(c // d) for c, base in terms if c % d == 0]), small
+        return None
 
     def _mod_struct(self, b: int) -> Node:
         terms, const = self._parts()
@@ -773,6 +787,9 @@ class SumNode(Node):
         if g > 1:
             inner = Node.sum([base._mul_int(c // g) for c, base in terms] + [const // g])
             return (inner % (b // g))._mul_int(g)
+        if (split := self._carry_free(terms, const, b)) is not None:
+            d, big, small = split
+            return Node.sum([(big % (b // d))._mul_int(d), small])
         return ModNode(self, b)
 
 

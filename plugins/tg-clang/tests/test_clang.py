@@ -337,6 +337,26 @@ def test_a_long_fused_expression_is_threaded_at_a_smaller_size_than_an_add():
     np.testing.assert_allclose(heavy.numpy(), ref / (1 + np.exp(-ref.astype(np.float64))), rtol=1e-6, atol=1e-30)
 
 
+def test_a_scalar_max_is_a_select_of_bits_not_a_branch():
+    """A max of one float32 or float64 value (a ReLU feeding a max pool, which reads its lanes one by one) is
+    tg_maxf / tg_max, which selects bits under a mask (a C ternary on floats compiles to a branch, which random
+    data mispredicts); it keeps numpy's NaN propagation and the sign of zero the max picks."""
+    from tgcore.engine.realize import get_kernel
+
+    for dt, np_dt, fn in ((dtypes.float32, np.float32, "tg_maxf("), (dtypes.float64, np.float64, "tg_max(")):
+        x_np = np.array([[1.5, -2.0, np.nan, 0.0], [-0.0, 3.0, -np.inf, 7.0], [2.0, np.nan, -1.0, -5.0]], np_dt)
+        x = Tensor(x_np, device="CLANG")
+        out = x.relu().pad(((0, 0), (1, 1)), value=float("-inf")).reshape(1, 3, 6).max_pool2d((1, 3), (1, 2))[0]
+        src = to_program(get_kernel(Device["CLANG"].renderer, out.schedule()[-1].ast, "CLANG")).src
+        body = src[src.rindex("\nvoid ") :]  # (the kernel, after the header's routines)
+        assert fn in body and "||" not in body
+        xp = np.pad(np.maximum(x_np, 0, dtype=np_dt), ((0, 0), (1, 1)), constant_values=-np.inf)
+        want = np.stack([xp[:, j : j + 3] for j in (0, 2)], 1).max(-1)
+        got = out.numpy()
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 # ***** compile errors, compiler faults and what a killed compile leaves *****
 
 
