@@ -632,3 +632,27 @@ def test_loads_and_broadcasts_sit_just_before_their_first_use() -> None:
     got = run("PYTHON", si, k)
     want = Tensor(x).conv2d(Tensor(w), padding=1).numpy().reshape(-1)
     np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_value_of_the_outer_loops_is_computed_before_the_inner_one() -> None:
+    """h * sigmoid(g) with one gate per channel (a squeeze-and-excitation block): the gate's loads and its sigmoid
+    come before the loop over the channel's elements, once a channel, not once an element; the results stay."""
+    from tgcore.codegen.linearizer import _hoisted
+
+    h, g = data((1, 24, 40, 40)), data((1, 24, 1, 1))
+    si = last_kernel("PYTHON", lambda h, g: h * g.sigmoid(), h, g)
+    k = Kernel(si.ast, cpu_style_python())
+    k.hand_coded_optimizations()
+    uops = to_program(k).uops
+    depth, inner, at = 0, 0, {}
+    for u in uops:
+        depth += u.op is UOps.RANGE
+        depth -= u.op is UOps.ENDRANGE
+        inner = max(inner, depth)
+        at[id(u)] = depth
+    assert inner >= 2
+    exps = [u for u in uops if u.op is UOps.ALU and u.arg is UnaryOps.EXP2]
+    assert exps and all(at[id(u)] < inner for u in exps)
+    assert _hoisted(uops) == uops  # (already hoisted: nothing moves again)
+    got = run("PYTHON", si, k).reshape(-1)
+    np.testing.assert_allclose(got, (h / (1 + np.exp(-g.astype(np.float64)))).reshape(-1), rtol=1e-5, atol=1e-6)

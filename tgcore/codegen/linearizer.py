@@ -315,7 +315,7 @@ class Linearizer:
         for r in reversed(self.ranges):
             self.close_range(r)
         self.uops = _live(self.uops)
-        self.uops = _at_first_use(self.uops)
+        self.uops = _at_first_use(_hoisted(self.uops))
         n_alu = sum(1 for u in self.uops if u.op is UOps.ALU)
         iterations = prod([s if isinstance(s, int) else s.max for s in k.full_shape[: k.first_upcast]])
         self.op_estimate = n_alu * iterations
@@ -1039,3 +1039,65 @@ def _at_first_use(uops: list[UOp]) -> list[UOp]:
             del pending[id(p)]
             place(p)
     return out
+
+
+# uops whose value depends on nothing but their sources (a LOAD too, from memory the kernel does not write)
+_HOISTABLE = frozenset((UOps.ALU, UOps.CONST, UOps.CAST, UOps.BITCAST, UOps.VECTORIZE, UOps.GEP, UOps.LOAD))
+
+
+def _hoisted(uops: list[UOp]) -> list[UOp]:
+    """`uops` with each value computed in the outermost loop where its sources are known: a value that no loop
+    index of an inner loop reaches is computed once before that loop instead of at every iteration (a
+    squeeze-and-excitation gate, a sigmoid of one value per channel, was computed again for each of a channel's
+    3136 elements in the kernel that multiplies by it). Nothing leaves an IF, and a LOAD leaves a loop only where
+    the loop is known to run (constant bounds, at least one iteration) and reads memory the kernel does not write;
+    an accumulator's reads stay where they are (its value changes from one iteration to the next)."""
+    written = {id(u.src[0]) for u in uops if u.op is UOps.STORE}
+    # blocks[d]: the uops placed at depth d so far; its last uop is the RANGE of the loop at depth d + 1 (when open)
+    blocks: list[list[UOp]] = [[]]
+    floors = [0]  # per block: the shallowest depth a uop inside it may go to (an IF's or a loop's that may not run)
+    load_floors = [0]
+    depth: dict[int, int] = {}  # id -> the depth its value is known from
+    for u in uops:
+        here = len(blocks) - 1
+        if u.op in _HOISTABLE and not any(s.op in (UOps.DEFINE_ACC, UOps.PHI) for s in u.src):
+            floor = floors[-1]
+            if u.op is UOps.LOAD:
+                buf = u.src[0]
+                if buf.op is not UOps.DEFINE_GLOBAL or id(buf) in written:
+                    floor = here
+                else:
+                    floor = max(floor, load_floors[-1])
+            d = max([floor] + [depth.get(id(s), 0) for s in u.src])
+            depth[id(u)] = d
+            if d < here:  # before the RANGE that opened the loop at depth d + 1
+                blocks[d].insert(len(blocks[d]) - 1, u)
+            else:
+                blocks[-1].append(u)
+            continue
+        depth[id(u)] = here
+        if u.op is UOps.RANGE or u.op is UOps.IF:
+            blocks[-1].append(u)
+            start, end = (u.src + (None, None))[:2] if u.op is UOps.RANGE else (None, None)
+            runs = (
+                u.op is UOps.RANGE
+                and start is not None
+                and start.op is UOps.CONST
+                and end is not None
+                and end.op is UOps.CONST
+                and end.arg > start.arg
+            )
+            blocks.append([])
+            depth[id(u)] = here + 1  # (the loop index is known inside the loop)
+            floors.append(here + 1 if u.op is UOps.IF else floors[-1])
+            load_floors.append(load_floors[-1] if runs else here + 1)
+        elif u.op is UOps.ENDRANGE or u.op is UOps.ENDIF:
+            inner = blocks.pop()
+            floors.pop()
+            load_floors.pop()
+            blocks[-1].extend(inner)
+            blocks[-1].append(u)
+        else:
+            blocks[-1].append(u)
+    assert len(blocks) == 1, "unbalanced loops"
+    return blocks[0]
