@@ -48,6 +48,8 @@ def _from_python(data: Any, dtype: Optional[DType]) -> np.ndarray:
 # channel innermost (see Tensor._conv_forward); with fewer the copy costs more than the gathers it saves (CLANG,
 # batch 1: 512->512 3x3 at 7x7 6.9 -> 2.5 ms without it, 1024->2048 1x1 13 -> 3.4 ms, 128->128 at 28x28 2.4 -> 2.3 ms)
 CONV_RELAYOUT_POSITIONS = 2048
+# output channels (of a group) from which a conv's weight gradient reads the output's gradient channels last
+CONV_VECTOR_CHANNELS = 8
 
 
 class Tensor:
@@ -2450,6 +2452,11 @@ class _Conv(F.Function):
             gx = g._conv_transpose(w, None, groups, strides, dils, inner).cast(x.dtype).lazydata
         if self.needs_input_grad[1]:
             xp = x._conv_windows(kernel, groups, strides, dils, pads)
+            if cout // groups >= CONV_VECTOR_CHANNELS:
+                # the output's gradient laid out channels last (a copy: a transpose costs one pass): the kernel then
+                # loads a vector of output channels at once instead of gathering them a map apart (a 16 -> 16 3x3
+                # conv's weight gradient at batch 32, 32 x 32, on one AVX2 core: 4.6 -> 2.2 ms with the copy)
+                g = g.permute(0, *range(2, 2 + nd), 1).contiguous().permute(0, nd + 1, *range(1, nd + 1))
             gg = g.reshape(bs, groups, cout // groups, 1, *out_sp, *([1] * nd))
             gw = (xp * gg).sum((0, *range(4, 4 + nd))).reshape(cout, cin, *kernel).cast(w.dtype).lazydata
         return gx, gw

@@ -7,6 +7,7 @@ heuristics, or a given list of Opts) on the same input buffers, on PYTHON and on
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -656,3 +657,42 @@ def test_a_value_of_the_outer_loops_is_computed_before_the_inner_one() -> None:
     assert _hoisted(uops) == uops  # (already hoisted: nothing moves again)
     got = run("PYTHON", si, k).reshape(-1)
     np.testing.assert_allclose(got, (h / (1 + np.exp(-g.astype(np.float64)))).reshape(-1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
+def test_a_conv_weight_gradient_tile_has_enough_accumulators(lanes: int, registers: int) -> None:
+    """The weight gradient's tile (its columns a vector of output channels, its rows the 3 taps of a row) gets a
+    second row axis, so that it has 8 vector accumulators or more, not 3 waiting on each other's FMAs."""
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = registers
+    x, g = data((4, 16, 12, 12)), data((4, 32, 12, 12))
+
+    def weight_grad(x: Tensor, g: Tensor) -> Tensor:
+        w = Tensor.zeros(32, 16, 3, 3, requires_grad=True)
+        (x.conv2d(w, padding=1) * g).sum().backward()
+        return w.grad
+
+    si = last_kernel("PYTHON", weight_grad, x, g)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    tile = math.prod(s for a, s in enumerate(k.full_shape) if a >= k.first_upcast and not k.is_reduce_axis(a))
+    assert tile // lanes >= 8
+    got = run("PYTHON", si, k).reshape(32, 16, 3, 3)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.einsum("nkyx,ncyxij->kcij", g, np.lib.stride_tricks.sliding_window_view(xp, (3, 3), (2, 3)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_transpose_reads_its_input_in_blocks() -> None:
+    """NCHW -> NHWC: the output's vectors run along the channels, which the input holds a map apart; the map's
+    contiguous axis is upcast too, so each row of the input gives 8 neighbouring elements at once."""
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    renderer.vector_registers = 16
+    x = data((2, 16, 8, 8))
+    si = last_kernel("PYTHON", lambda x: x.permute(0, 2, 3, 1).contiguous(), x)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == [8, 8]
+    np.testing.assert_array_equal(run("PYTHON", si, k).reshape(2, 8, 8, 16), x.transpose(0, 2, 3, 1))
