@@ -61,12 +61,17 @@ def run(ctx: Context) -> None:
 
 def _randn_cases(ctx: Context) -> None:
     """randn in each float dtype (float32 alone in a quick run), each cold and warm in new processes."""
+    from tgcore import Device, dtypes
+
     for dtype in compile_latency.RANDN_DTYPES[:1] if ctx.quick else compile_latency.RANDN_DTYPES:
         cold = Case("g", TITLE, f"randn 1024^2 {dtype}: empty cache", "s", higher_is_better=False, compare=False)
         warm = Case("g", TITLE, f"randn 1024^2 {dtype}: new process", "s", higher_is_better=False, compare=False)
         for runner in ctx.tgcore:
             if runner.device == "PYTHON":  # 2**20 Threefry draws in the interpreter: minutes, a figure of nothing
                 ctx.skip(cold, runner, "interprets its kernels: 2**20 draws take minutes")
+                continue
+            if getattr(dtypes, dtype) not in Device[runner.device].spec.dtypes:  # (pocl without cl_khr_fp16: float16)
+                ctx.skip(cold, runner, f"the device does not support {dtype}")
                 continue
             runs: list[tuple[tuple[float, float, float], tuple[float, float, float]]] = []
 
