@@ -190,9 +190,8 @@ class OnnxModel:
                 self._replays[signature] = _Replay(self)
             if (replay := self._replays[signature]) is not None:
                 outs = replay(given)
-                if replay.static:
-                    return outs
-                self._replays[signature] = None  # (its first run was a plain run: its outputs are right)
+                if not replay.static:  # (found on its first run, a plain one: its outputs are right)
+                    self._replays[signature] = None
                 return outs
         return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
 
@@ -213,7 +212,7 @@ class _Replay:
     False) and is not recorded. Outputs are copied out of the recording's buffers, which the next call overwrites."""
 
     def __init__(self, model: OnnxModel) -> None:
-        self.model, self.static, self.calls = model, True, 0
+        self.model, self.static = model, True
         self.jit = TinyJit(self._graph)
 
     def _graph(self, **given: Tensor) -> list[Tensor]:
@@ -233,9 +232,8 @@ class _Replay:
         except JitError:  # (a graph that runs no kernel: outputs that are initializers)
             self.static = False
             return {name: _realized(t) for name, t in zip(self.model.output_names, self.model._run(given)[0])}
-        self.calls += 1
         names = self.model.output_names
-        if self.calls == 1 or not self.static:  # (a plain run: its outputs are its own)
+        if self.jit.cnt < 2 or not self.static:  # (a plain run, this thread's first: its outputs are its own)
             return {name: _realized(t) for name, t in zip(names, outs)}
         return {name: t.clone().realize() for name, t in zip(names, outs)}
 

@@ -372,7 +372,6 @@ class ShapeTracker:
         last = self.views[-1]
         n = last.shape[axis]
         o = (n - dilation * (k - 1) - 1) // stride + 1
-
         new_shape = last.shape[:axis] + (o,) + last.shape[axis + 1 :] + (k,)
         st = last.strides[axis]
         if (last.mask is None or tuple(last.mask[axis]) == (0, n)) and isinstance(st, int):
