@@ -299,6 +299,36 @@ def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(lanes: int, registe
     assert upcasts[:2] == [width, min(16, MAX_UPCAST // width)]  # (AVX-512's two-vector tiles: 8 rows by MAX_UPCAST)
 
 
+@pytest.mark.parametrize("lanes", [4, 8])  # SSE, AVX2: 16 vector registers
+def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(lanes: int) -> None:
+    """With 16 registers a tile is two vectors wide where WIDE_ROWS rows divide its row axis (each broadcast row value
+    feeds two FMAs), and one vector wide where they do not, or where the rows read a padded input."""
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = 16
+    a, b = data((96, 64)), data((64, 32))
+    si = last_kernel("PYTHON", lambda a, b: a @ b, a, b)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST][:2] == [2 * lanes, 6]
+    np.testing.assert_allclose(run("PYTHON", si, k).reshape(96, 32), a @ b, rtol=1e-5, atol=1e-5)
+    # a 1x1 conv: vectors along its 784 positions, 6 of its 48 output channels a tile; a 3x3 conv with padding over
+    # rows of 28 positions: vectors along the output channels, its rows (14) the padded input's: one vector wide
+    x, w1, w3 = data((1, 16, 28, 28)), data((48, 16, 1, 1)), data((48, 16, 3, 3))
+    for w, padding, tile in ((w1, 0, [2 * lanes, 6]), (w3, 1, [lanes, 14])):
+        si = last_kernel("PYTHON", lambda x, w: x.conv2d(w, padding=padding), x, w)
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST][:2] == tile
+        if padding == 0:
+            want = np.einsum("kc,nchw->nkhw", w1[:, :, 0, 0], x)
+            np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    # 64 rows: no such divisor, so one vector
+    k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, 64)), b).ast, renderer)
+    k.hand_coded_optimizations()
+    assert tile_columns(k) == lanes
+
+
 @pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
 def test_a_residual_added_after_a_conv_does_not_choose_its_vectors(lanes: int, registers: int) -> None:
     """The tile's column (vector) axis is the one the reduce's loads read whole vectors along: a shortcut added to
