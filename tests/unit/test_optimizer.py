@@ -345,6 +345,28 @@ def test_a_residual_added_after_a_conv_does_not_choose_its_vectors(lanes: int, r
     assert opts[0] == opts[1] and opts[0][0].axis == 1  # (axis 1: the output channels, whose weights are contiguous)
 
 
+def test_a_convs_gathered_weights_are_packed_once_per_column_tile_or_kept_one_vector_wide() -> None:
+    """A 3x3 conv over 4 x 4 maps with 32 vector registers: its tile columns are output channels, whose weights lie
+    144 floats apart, so each reduce step gathers them. Where the block of one column tile (its 144 reduce steps) fits
+    the scratch memory, the column tiles become the outer loop and the block is packed, two vectors wide where that
+    fits too; where nothing fits, the tile stays one vector wide (a gather costs a load a lane) and reads the weights
+    in place. Every variant computes the conv."""
+    x, w = data((2, 16, 4, 4)), data((64, 16, 3, 3))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.einsum("ncyxij,kcij->nkyx", np.lib.stride_tricks.sliding_window_view(xp, (3, 3), (2, 3)), w)
+    block = 16 * 9 * 4  # bytes of one output channel's weights
+    for scratch, columns, packed in ((32 * block, 32, True), (16 * block, 16, True), (16 * block - 4, 16, False)):
+        renderer = cpu_style_python_with_scratch(scratch)
+        renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 16}
+        renderer.vector_registers = 32
+        si = last_kernel("PYTHON", lambda x, w: x.conv2d(w, padding=1), x, w)
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert k.upcast_sizes[-1] == columns, (scratch, k.applied_opts)
+        assert [ld.arg.idx for ld in k.packed] == ([2] if packed else []), (scratch, k.applied_opts)
+        np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
 def tile_columns(k: Kernel) -> int:
     """How many columns the heuristics gave a matmul tile (their first opt: the column axis's UPCAST), which
     depends on the target's vector width and registers."""

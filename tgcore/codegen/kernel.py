@@ -568,7 +568,7 @@ class Kernel:
             inside = set(self.reduceops[0].lazyops())
             in_reduce = [ld for ld in loads if ld in inside]
             read_whole = [a for a in contiguous if any(self.stride_of(ld, a) == 1 for ld in in_reduce)]
-            col, col_amount = self._tile_column(broadcast, read_whole or contiguous, vw)
+            col, col_amount = self._tile_column(broadcast, read_whole or contiguous, vw, gathered=not read_whole)
             # down to one vector, or below it for a long kernel (whose budget is under one vector)
             floor = vw if vw > 1 and budget >= vw else 1
             while col_amount > max(budget, 1) and col_amount % 2 == 0 and col_amount > floor:
@@ -601,13 +601,19 @@ class Kernel:
                 rows_max = (8 if far and self.opts.vector_registers < 32 else 16) if vw > 1 else 4
                 limit = min(rows_max, MAX_UPCAST // max(col_amount, 1), budget // max(col_amount, 1))
                 row_amount = wide_rows or self._divisor(row_size, tuple(range(limit, 1, -1)))
-                if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)) or row_amount == row_size:
+                if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)):
+                    row = None
+                elif row_amount == row_size:  # the whole row axis went: a tile of one row of tiles
+                    col -= col > row
                     row = None
             if row is not None and col >= 0:
                 self._block_for_cache(row, col)
                 tile = (row, col)
             elif col_amount and vw > 1:
-                self._more_rows(vw)
+                taken = self._more_rows(vw)
+                if col >= 0:  # (ResNet's 256-channel 3x3 convs at 14x14: rows of 14 outputs, weights gathered)
+                    col -= taken is not None and taken < col
+                    tile = (-1, col)
         elif (
             contiguous
             and self.n_reduce
@@ -650,15 +656,16 @@ class Kernel:
             return 0
         return self._divisor(_int(self.full_shape[row]), WIDE_ROWS)
 
-    def _more_rows(self, vw: int) -> None:
+    def _more_rows(self, vw: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:
         its rows, the kernel's 3 columns, took their whole axis): each accumulator's FMAs wait on each other, so the
         tile waits on the FMA latency; more rows, along an axis that the column's loads are broadcast along, reuse
         those loads (a 16 -> 16 3x3 conv's weight gradient at batch 32, 32 x 32, on one AVX2 core: 6.4 -> 3.6 ms;
-        ResNet-18's 512-channel 3x3 convs at 7 x 7, batch 2, rows of 7 outputs: two images at once, 8.9 -> 7.7 ms)."""
+        ResNet-18's 512-channel 3x3 convs at 7 x 7, batch 2, rows of 7 outputs: two images at once, 8.9 -> 7.7 ms).
+        Returns the global axis it took whole (the axes after it moved down), else None."""
         lanes = prod(self.upcast_sizes)
         if lanes % vw or lanes // vw >= MIN_ACCUMULATORS:  # (a column narrower than a vector: no vector tile)
-            return
+            return None
         accumulators = lanes // vw
         loads = self.loads()
         vector_axis = self.shape_len - 1
@@ -672,15 +679,20 @@ class Kernel:
             size = _int(self.full_shape[axis])
             for amount in (c for c in (4, 3, 2) if c <= limit and size % c == 0):
                 if self._try(Opt(OptOps.UPCAST, axis, amount)):  # (refused past MAX_UPCAST lanes: fewer then)
-                    return
+                    return axis if amount == size else None
+        return None
 
-    def _tile_column(self, broadcast: list[int], contiguous: list[int], vw: int) -> tuple[int, int]:
-        """The tile's column axis (its last upcast axis: the vector axis) and how many columns a tile has."""
+    def _tile_column(self, broadcast: list[int], contiguous: list[int], vw: int, gathered: bool) -> tuple[int, int]:
+        """The tile's column axis (its last upcast axis: the vector axis) and how many columns a tile has. `gathered`:
+        no load of the reduce reads whole vectors along any of the `contiguous` axes."""
         if vw > 1:
             # two vectors wide only where the accumulators fit the registers: a target with 16 vector registers (AVX2,
             # SSE) spills a 16 x 2-vector tile (CLANG -march=x86-64-v3 through GCC: a 1024 matmul 2.5 s, one vector
-            # wide 43 ms)
-            widths = (2 * vw, vw) if self.opts.vector_registers >= 32 else (vw,)
+            # wide 43 ms); and, where the reduce gathers its column vectors, only where that block is packed: a conv's
+            # weights, gathered along the output channels at every reduce step, cost a load a lane (ResNet-18's
+            # 512-channel 3x3 convs at 7x7, batch 2, one AVX-512 Zen 4 core: 7 x 32 tiles 26 ms, 14 x 16 8.5 ms)
+            wide = self.opts.vector_registers >= 32 and (self._packs_gathered(2 * vw) or not gathered)
+            widths = (2 * vw, vw) if wide else (vw,)
             # an axis the output is contiguous along comes first, even one vector wide: its tiles store whole vectors
             # (dz.T @ x of the MLP's backward, 512x128 @ 128x784: 16 columns along the output's rows ran 1.4-1.7x
             # faster than 32 along its columns, whose stores were scattered)
@@ -694,8 +706,7 @@ class Kernel:
             # output's contiguous axis (a @ b.T: the tile stores whole vectors, and a blocked kernel packs b's block);
             # two vectors wide where the gathered block will be packed (a @ b.T at 1024 and 2048: 8 x 32 tiles ran
             # ~20% faster than 16 x 16, whose 16 rows of a, 4 KB apart, share one cache set)
-            packs = self.opts.scratch_max and self.opts.global_max is None
-            for amount in widths if packs else (vw,):
+            for amount in [w for w in widths if w == vw or self._packs_gathered(w)]:
                 fits = [a for a in broadcast if _int(self.full_shape[a]) % amount == 0]
                 if fits:
                     strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}
@@ -745,12 +756,23 @@ class Kernel:
             if self.shape_len - 1 in self.pack_axes(leaf):
                 self._try(Opt(OptOps.PACK, i, 0))
 
+    def _packs_gathered(self, columns: int) -> bool:
+        """Whether a gathered input's block for a tile of `columns` can be packed in the renderer's scratch memory (CPU
+        loops only): a matmul of two global axes, whose reduce may run in blocks (_block_for_cache), each block packed;
+        else every reduce step of them (float32 or narrower: _pack_gathered)."""
+        if not self.opts.scratch_max or self.opts.global_max is not None or self.local_dims:
+            return False
+        if self.first_reduce == 2:
+            return True
+        steps = prod(_int(s) for s in self.full_shape[self.first_reduce : self.first_reduce + self.n_reduce])
+        return steps * columns * 4 <= self.opts.scratch_max
+
     def _pack_gathered(self, row: int, col: int) -> None:
-        """CPU loops over a matmul of two global axes whose tile columns an input holds far apart (x @ w.T, a Linear
-        layer: the columns are w's rows): the column tiles become the outer loop and that input's block for one of
-        them (every reduce step of the tile's columns) is packed, each element gathered once instead of once per
-        row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms)."""
-        if self.opts.global_max is not None or self.first_reduce != 2 or {row, col} != {0, 1}:
+        """CPU loops over a matmul-like reduce whose tile columns an input holds far apart (x @ w.T, a Linear layer:
+        the columns are w's rows; a conv's weights along its output channels): the column tiles become the outer loop
+        and that input's block for one of them (every reduce step of the tile's columns) is packed, each element
+        gathered once instead of once per row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms)."""
+        if self.opts.global_max is not None or self.local_dims or not 0 <= col < self.first_reduce or row == col:
             return
         # (a contiguous input packs for no gain: 128x512 @ 512x512 and its transposes ran 3-15% slower packed; and an
         # input added after the reduce, as a bias, is read once per output, not per reduce step)
@@ -760,7 +782,7 @@ class Kernel:
         if len(gathered) != 1:
             return
         saved = self.copy()
-        if col == 1 and not self._try(Opt(OptOps.SWAP, 0, 1)):
+        if col and not self._try(Opt(OptOps.SWAP, 0, col)):
             return
         if not self._try(Opt(OptOps.PACK, gathered[0], 0)):
             self.__dict__.update(saved.__dict__)
