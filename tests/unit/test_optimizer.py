@@ -367,6 +367,22 @@ def test_a_convs_gathered_weights_are_packed_once_per_column_tile_or_kept_one_ve
         np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_linear_layers_gathered_weights_go_one_vector_wide_where_two_would_not_pack() -> None:
+    """x @ w.T + b with 32 vector registers: the bias keeps the reduce from running in blocks, so w's block for a
+    column tile (all 64 reduce steps) is packed whole: two vectors wide where that fits the scratch memory, else one
+    vector (whose block fits), never two vectors gathered at every step."""
+    x, w, b = data((48, 64)), data((64, 64), seed=1), data((64,), seed=2)
+    for scratch, columns in ((64 * 32 * 4, 32), (64 * 16 * 4, 16)):
+        renderer = cpu_style_python_with_scratch(scratch)
+        renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 16}
+        renderer.vector_registers = 32
+        si = last_kernel("PYTHON", lambda x, w, b: x @ w.T + b, x, w, b)
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert k.upcast_sizes[-1] == columns and len(k.packed) == 1, (scratch, k.applied_opts)
+        np.testing.assert_allclose(run("PYTHON", si, k).reshape(48, 64), x @ w.T + b, rtol=1e-4, atol=1e-4)
+
+
 def tile_columns(k: Kernel) -> int:
     """How many columns the heuristics gave a matmul tile (their first opt: the column axis's UPCAST), which
     depends on the target's vector width and registers."""

@@ -409,13 +409,23 @@ class Kernel:
         n_global = self.first_reduce - self.local_dims
         _check(self.opts.global_max is None, f"{opt}: only CPU-style kernels (global loops) hoist their reduce")
         _check(1 <= opt.axis <= n_global and 1 <= opt.amount <= self.n_reduce, f"{opt}: not that many loops")
-        root = self.ast.src[0]
-        _check(len(self.reduceops) == 1 and root is self.reduceops[0], f"{opt}: the kernel must store its reduce")
-        _check(not self.reduce_lanes, f"{opt}: a lane reduce combines its lanes before the store")
-        _check(dtype_of(root) == self.ast.arg.dtype, f"{opt}: the output holds another dtype than the accumulator")
-        _check(not any(x.op is BufferOps.LOAD and x.arg.idx == 0 for x in self.leaves), f"{opt}: reads its output")
+        refusal = self._hoist_refusal()
+        _check(refusal is None, f"{opt}: {refusal}")
         self.inner_globals, self.outer_reduces = opt.axis, opt.amount
         self.applied_opts.append(opt)
+
+    def _hoist_refusal(self) -> Optional[str]:
+        """Why no HOIST can keep this kernel's partial sums in its output, or None where one can."""
+        root = self.ast.src[0]
+        if len(self.reduceops) != 1 or root is not self.reduceops[0]:
+            return "the kernel must store its reduce"
+        if self.reduce_lanes:
+            return "a lane reduce combines its lanes before the store"
+        if dtype_of(root) != self.ast.arg.dtype:
+            return "the output holds another dtype than the accumulator"
+        if any(x.op is BufferOps.LOAD and x.arg.idx == 0 for x in self.leaves):
+            return "reads its output"
+        return None
 
     def stage_axes(self, leaf: LazyOp) -> list[int]:
         """The axes a STAGE of `leaf` copies: the local axes, the innermost reduce loop and the upcast axes that the
@@ -758,11 +768,13 @@ class Kernel:
 
     def _packs_gathered(self, columns: int) -> bool:
         """Whether a gathered input's block for a tile of `columns` can be packed in the renderer's scratch memory (CPU
-        loops only): a matmul of two global axes, whose reduce may run in blocks (_block_for_cache), each block packed;
-        else every reduce step of them (float32 or narrower: _pack_gathered)."""
+        loops only): a matmul of two global axes that stores its reduce unchanged runs it in blocks (_block_for_cache),
+        each block packed; else every reduce step of them (float32 or narrower: _pack_gathered). (A Linear layer's
+        3072 -> 768 projection with its bias, 128 rows: 32 columns, unpacked, ran at 27 GFLOP/s on two AVX-512 cores;
+        16, packed, at 86-94.)"""
         if not self.opts.scratch_max or self.opts.global_max is not None or self.local_dims:
             return False
-        if self.first_reduce == 2:
+        if self.first_reduce == 2 and self.n_reduce == 1 and self._hoist_refusal() is None:
             return True
         steps = prod(_int(s) for s in self.full_shape[self.first_reduce : self.first_reduce + self.n_reduce])
         return steps * columns * 4 <= self.opts.scratch_max
