@@ -569,7 +569,7 @@ class Kernel:
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
-        tile: Optional[tuple[int, int]] = None
+        pack_col: Optional[int] = None  # a tile's column axis, whose gathered input _pack_gathered may pack
         if not self.reduce_lanes and (len(broadcast) >= 2 or (broadcast and len(loads) >= 2)):
             # the column axis is one that the reduce's own loads read whole vectors along: an input read after the
             # reduce (a residual added to a conv's output: once per output, not per reduce step) does not choose it
@@ -618,12 +618,12 @@ class Kernel:
                     row = None
             if row is not None and col >= 0:
                 self._block_for_cache(row, col)
-                tile = (row, col)
+                pack_col = col
             elif col_amount and vw > 1:
                 taken = self._more_rows(vw)
                 if col >= 0:  # (ResNet's 256-channel 3x3 convs at 14x14: rows of 14 outputs, weights gathered)
                     col -= taken is not None and taken < col
-                    tile = (-1, col)
+                    pack_col = col
         elif (
             contiguous
             and self.n_reduce
@@ -647,8 +647,8 @@ class Kernel:
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
-        if tile is not None and not self.inner_globals:
-            self._pack_gathered(*tile)
+        if pack_col is not None and not self.inner_globals:
+            self._pack_gathered(pack_col)
 
     def _wide_rows(self, row: Optional[int], col: int, col_amount: int, vw: int, budget: int) -> int:
         """With 16 vector registers (AVX2): the rows of a tile two vectors wide, WIDE_ROWS of them where one divides the
@@ -701,7 +701,8 @@ class Kernel:
             # wide 43 ms); and, where the reduce gathers its column vectors, only where that block is packed: a conv's
             # weights, gathered along the output channels at every reduce step, cost a load a lane (ResNet-18's
             # 512-channel 3x3 convs at 7x7, batch 2, one AVX-512 Zen 4 core: 7 x 32 tiles 26 ms, 14 x 16 8.5 ms)
-            wide = self.opts.vector_registers >= 32 and (self._packs_gathered(2 * vw) or not gathered)
+            packs_wide = self._packs_gathered(2 * vw)
+            wide = self.opts.vector_registers >= 32 and (packs_wide or not gathered)
             widths = (2 * vw, vw) if wide else (vw,)
             # an axis the output is contiguous along comes first, even one vector wide: its tiles store whole vectors
             # (dz.T @ x of the MLP's backward, 512x128 @ 128x784: 16 columns along the output's rows ran 1.4-1.7x
@@ -716,7 +717,7 @@ class Kernel:
             # output's contiguous axis (a @ b.T: the tile stores whole vectors, and a blocked kernel packs b's block);
             # two vectors wide where the gathered block will be packed (a @ b.T at 1024 and 2048: 8 x 32 tiles ran
             # ~20% faster than 16 x 16, whose 16 rows of a, 4 KB apart, share one cache set)
-            for amount in [w for w in widths if w == vw or self._packs_gathered(w)]:
+            for amount in widths if packs_wide else (vw,):
                 fits = [a for a in broadcast if _int(self.full_shape[a]) % amount == 0]
                 if fits:
                     strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}
@@ -779,12 +780,12 @@ class Kernel:
         steps = prod(_int(s) for s in self.full_shape[self.first_reduce : self.first_reduce + self.n_reduce])
         return steps * columns * 4 <= self.opts.scratch_max
 
-    def _pack_gathered(self, row: int, col: int) -> None:
+    def _pack_gathered(self, col: int) -> None:
         """CPU loops over a matmul-like reduce whose tile columns an input holds far apart (x @ w.T, a Linear layer:
         the columns are w's rows; a conv's weights along its output channels): the column tiles become the outer loop
         and that input's block for one of them (every reduce step of the tile's columns) is packed, each element
         gathered once instead of once per row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms)."""
-        if self.opts.global_max is not None or self.local_dims or not 0 <= col < self.first_reduce or row == col:
+        if self.opts.global_max is not None or self.local_dims or not 0 <= col < self.first_reduce:
             return
         # (a contiguous input packs for no gain: 128x512 @ 512x512 and its transposes ran 3-15% slower packed; and an
         # input added after the reduce, as a bias, is read once per output, not per reduce step)
