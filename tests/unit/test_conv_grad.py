@@ -57,6 +57,10 @@ CASES = [
     ((1, 2, 5, 5), (3, 2, 1, 1), dict(padding=1, stride=2), [(1, 1), (1, 1)]),  # padding wider than the kernel
     ((1, 2, 6, 6), (2, 2, 3, 3), dict(padding=3, dilation=1), [(3, 3), (3, 3)]),
     ((2, 4, 7, 7), (4, 1, 3, 3), dict(groups=4, padding=1, stride=2), [(1, 1), (1, 1)]),  # depthwise
+    # depthwise, stride 1: the flat stencil over rows of the padded width (Tensor._conv_depthwise_flat)
+    ((2, 4, 7, 7), (4, 1, 5, 5), dict(groups=4, padding=2), [(2, 2), (2, 2)]),
+    ((1, 3, 6, 14), (3, 1, 3, 3), dict(groups=3, padding=(1, 0, 2, 1)), [(2, 1), (1, 0)]),  # rows of 13
+    ((1, 2, 5, 9), (2, 1, 2, 5), dict(groups=2, padding=(2, 2, 0, 1)), [(0, 1), (2, 2)]),  # a 2x5 kernel
     ((2, 3, 11), (5, 3, 4), dict(stride=3, padding=2, dilation=2), [(2, 2)]),  # 1-d
     ((1, 2, 5, 4, 6), (3, 2, 2, 3, 2), dict(padding=(1, 0, 2), stride=(2, 1, 2)), [(1, 1), (0, 0), (2, 2)]),  # 3-d
 ]
