@@ -53,6 +53,7 @@ CONV_VECTOR_CHANNELS = 8
 # a depthwise conv's output positions, flattened over rows of the padded width, are computed in runs of this many (the
 # widest vector of any CPU target), so a kernel's vectors along them never straddle the end (see _conv_depthwise_flat)
 DEPTHWISE_FLAT_RUN = 16
+DEPTHWISE_FLAT_STRIDES = {(1, 1), (2, 2)}
 
 
 class Tensor:
@@ -1424,15 +1425,15 @@ class Tensor:
             nd == 2
             and cin == 1
             and groups == cout == self.shape[1]
-            and make_pair(stride, 2) == (1, 1)
+            and make_pair(stride, 2) in DEPTHWISE_FLAT_STRIDES
             and make_pair(dilation, 2) == (1, 1)
             and all(p >= 0 for pad in pads for p in pad)
             and all_int(self.shape)
             and all_int(weight.shape)
             and type(self.lazydata) is LazyBuffer
-            and (prod(kernel) > 9 or (self.shape[3] + sum(pads[1]) - kernel[1] + 1) % 4 != 0)
+            and (prod(kernel) > 9 or ((self.shape[3] + sum(pads[1]) - kernel[1]) // make_pair(stride, 2)[1] + 1) % 4)
         ):
-            return self._conv_depthwise_flat(weight, pads, acc_dtype)
+            return self._conv_depthwise_flat(weight, make_pair(stride, 2), pads, acc_dtype)
         x = self._conv_windows(kernel, groups, stride, dilation, pads)
         out_sp = x.shape[4 : 4 + nd]
         positions = bs * prod(out_sp)
@@ -1447,31 +1448,47 @@ class Tensor:
         return out.reshape(bs, cout, *out_sp)
 
     def _conv_depthwise_flat(
-        self, weight: Tensor, pads: tuple[tuple[int, int], ...], acc_dtype: Optional[DType]
+        self,
+        weight: Tensor,
+        strides: tuple[int, int],
+        pads: tuple[tuple[int, int], ...],
+        acc_dtype: Optional[DType],
     ) -> Tensor:
-        """A depthwise 2-d conv (stride 1) as a stencil over each channel's padded map read as one flat row: output
-        position (y, x) of a map padded to width wp sits at y * wp + x, and tap (i, j) reads the padded input at that
-        plus i * wp + j, so consecutive positions read consecutive inputs with no bounds check, and a kernel loads
-        them as whole vectors even where a map's width (7, 14) is no multiple of the vector's. The wp - wo positions
-        at each row's end are computed and dropped. Through the 2-d windows instead, each tap's load is masked at the
-        border and a vector along a row of 7 or 14 outputs must be gathered lane by lane (EfficientNet-B0's 1152
-        channels at 7x7 with 5x5 taps, one AVX-512 core: 727 -> 328 us; 672 at 14x14: 1960 -> 226 us; 240 at 28x28:
-        3983 -> 355 us; 3x3 taps, 480 at 14x14: 271 -> 91 us). A 3x3 conv whose output rows are a multiple of 4 wide
-        keeps the 2-d windows, whose vectors along the rows then load whole (96 at 28x28: 79 us, 118 through here;
-        32 at 112x112: 368 against 588), as _conv_forward chooses."""
-        (bs, ch, h, w), (kh, kw) = self.shape, weight.shape[2:]
+        """A depthwise 2-d conv as a stencil over each channel's padded map read as one flat row: output position
+        (y, x) of a map padded to width wq sits at y * wq + x, and tap (i, j) reads the padded input at that plus
+        i * wq + j, so consecutive positions read consecutive inputs with no bounds check, and a kernel loads them as
+        whole vectors even where a map's width (7, 14) is no multiple of the vector's. The wq - wo positions at each
+        row's end are computed and dropped. Through the 2-d windows instead, each tap's load is masked at the border
+        and a vector along a row of 7 or 14 outputs must be gathered lane by lane (EfficientNet-B0's 1152 channels at
+        7x7 with 5x5 taps, one AVX-512 core: 727 -> 328 us; 672 at 14x14: 1960 -> 226 us; 240 at 28x28: 3983 -> 355
+        us; 3x3 taps, 480 at 14x14: 271 -> 91 us). A 3x3 conv whose output rows are a multiple of 4 wide keeps the
+        2-d windows, whose vectors along the rows then load whole (96 at 28x28: 79 us, 118 through here; 32 at
+        112x112: 368 against 588), as _conv_forward chooses.
+
+        A stride s splits the padded input into s x s phases (the rows and columns of each remainder mod s), each a
+        stride-1 stencil of ceil(k / s) taps a side with its share of the weights (zeros past the kernel's edge);
+        the phases are one more axis of the sum."""
+        (bs, ch, h, w), (kh, kw), (sh, sw) = self.shape, weight.shape[2:], strides
         (top, bottom), (left, right) = pads
-        ho, wo, wp = h + top + bottom - kh + 1, w + left + right - kw + 1, w + left + right
+        ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
         if ho < 1 or wo < 1:
-            raise ShapeError(f"a {kh}x{kw} kernel does not fit the padded {h + top + bottom}x{wp} input")
-        run = -(-ho * wp // DEPTHWISE_FLAT_RUN) * DEPTHWISE_FLAT_RUN  # the positions computed, a whole number of runs
-        # rows of zeros below the map, so the last run's taps read inside the channel's padded row
-        extra = -(-(run - ho * wp + kw - 1) // wp)
-        flat = self.pad(((0, 0), (0, 0), (top, bottom + extra), (left, right))).contiguous().reshape(bs, ch, -1)
-        windows = flat._window(2, kh, 1, wp)._window(2, kw, 1, 1).shrink((None, None, (0, run), None, None))
-        out = (windows * weight.reshape(1, ch, 1, kh, kw)).sum((3, 4), acc_dtype=acc_dtype)
+            raise ShapeError(f"a {kh}x{kw} kernel does not fit the padded {h + top + bottom}x{w + left + right} input")
+        qh, qw = -(-kh // sh), -(-kw // sw)  # each phase's taps
+        wq = wo + qw - 1  # each phase's map width
+        run = -(-ho * wq // DEPTHWISE_FLAT_RUN) * DEPTHWISE_FLAT_RUN  # the positions computed, whole runs of them
+        # each phase's rows, with rows of zeros below the map so that the last run's taps read inside it
+        hq = ho + qh - 1 + -(-(run - ho * wq + qw - 1) // wq)
+        # the padded input cut or padded with zeros to sh*hq x sw*wq: what lies past the conv's own padding is read
+        # by the phases' zero weights alone
+        xp = self.pad(((0, 0), (0, 0), (top, max(0, sh * hq - h - top)), (left, max(0, sw * wq - w - left))))
+        xp = xp.shrink((None, None, (0, sh * hq), (0, sw * wq))).reshape(bs, ch, hq, sh, wq, sw)
+        flat = xp.permute(0, 1, 3, 5, 2, 4).contiguous().reshape(bs, ch, sh * sw, hq * wq)
+        windows = flat._window(3, qh, 1, wq)._window(3, qw, 1, 1).shrink((None, None, None, (0, run), None, None))
+        wt = weight.reshape(ch, kh, kw).pad((None, (0, sh * qh - kh), (0, sw * qw - kw)))
+        wt = wt.reshape(ch, qh, sh, qw, sw).permute(0, 2, 4, 1, 3).reshape(1, ch, sh * sw, 1, qh, qw)
+        out = (windows * wt).sum((2, 4, 5), acc_dtype=acc_dtype)
         out = out.cast(acc_dtype or least_upper_dtype(self.dtype, weight.dtype))
-        out = out.shrink((None, None, (0, ho * wp))).reshape(bs, ch, ho, wp).shrink((None, None, None, (0, wo)))
+        out = out.shrink((None, None, (0, ho * wq))).reshape(bs, ch, ho, wq).shrink((None, None, None, (0, wo)))
         return out.contiguous()
 
     def _conv_windows(

@@ -61,6 +61,10 @@ CASES = [
     ((2, 4, 7, 7), (4, 1, 5, 5), dict(groups=4, padding=2), [(2, 2), (2, 2)]),
     ((1, 3, 6, 14), (3, 1, 3, 3), dict(groups=3, padding=(1, 0, 2, 1)), [(2, 1), (1, 0)]),  # rows of 13
     ((1, 2, 5, 9), (2, 1, 2, 5), dict(groups=2, padding=(2, 2, 0, 1)), [(0, 1), (2, 2)]),  # a 2x5 kernel
+    # ... and of stride 2, in 4 phases of ceil(k / 2) taps a side
+    ((2, 3, 9, 9), (3, 1, 5, 5), dict(groups=3, padding=2, stride=2), [(2, 2), (2, 2)]),
+    ((1, 4, 13, 12), (4, 1, 3, 3), dict(groups=4, padding=(1, 0, 1, 1), stride=2), [(1, 1), (1, 0)]),  # 6x7 out
+    ((1, 2, 8, 10), (2, 1, 4, 3), dict(groups=2, padding=(0, 2, 3, 0), stride=2), [(3, 0), (0, 2)]),
     ((2, 3, 11), (5, 3, 4), dict(stride=3, padding=2, dilation=2), [(2, 2)]),  # 1-d
     ((1, 2, 5, 4, 6), (3, 2, 2, 3, 2), dict(padding=(1, 0, 2), stride=(2, 1, 2)), [(1, 1), (0, 0), (2, 2)]),  # 3-d
 ]
