@@ -667,12 +667,21 @@ def test_heavy_elementwise_takes_vectors_along_another_axis() -> None:
     light = Kernel(last_kernel("PYTHON", lambda a, w: a * w + 1, data((16, 49)), data((16, 1))).ast, renderer)
     light.hand_coded_optimizations()
     assert light.applied_opts == []
+    # rows of 196 hold vectors of 4 but not of 8: the heavy kernel still takes whole vectors along the rows' axis
+    # of 16, the light one the 4 lanes along the rows (EfficientNet's 14x14 maps after a depthwise conv)
+    heavy = Kernel(last_kernel("PYTHON", _silu, data((16, 196)), data((16, 1))).ast, renderer)
+    heavy.hand_coded_optimizations()
+    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8)]
+    light = Kernel(last_kernel("PYTHON", lambda a, w: a * w + 1, data((16, 196)), data((16, 1))).ast, renderer)
+    light.hand_coded_optimizations()
+    assert light.applied_opts[0] == Opt(OptOps.UPCAST, 1, 4)
 
 
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_heavy_elementwise_vectors_keep_results(device: str) -> None:
     check(device, _silu, data((16, 49)), data((16, 1)))
     check(device, _silu, data((16, 49)), data((16, 1)), opts=[Opt(OptOps.UPCAST, 0, 8)])
+    check(device, _silu, data((16, 196)), data((16, 1)))
 
 
 def test_loads_and_broadcasts_sit_just_before_their_first_use() -> None:
