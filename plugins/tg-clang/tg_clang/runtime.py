@@ -12,28 +12,34 @@ from cffi import FFI
 
 from tgcore.plugin import Program, process_folder
 
+# one FFI for every kernel: each declaration is parsed once (pycparser: ~1.3 ms a parse, three a kernel when each
+# program declared its own, 0.4 s of EfficientNet-B0's first call), and a kernel is a function pointer of this type
+_FFI = FFI()
+# the buffers as integers: the same ABI as void**, and cheaper to build than void* cdata
+_FFI.cdef("typedef void (*tg_kernel)(uintptr_t *bufs, const long long *vals);")
+# the variables as 64-bit ints: a thread's bounds of a kernel past 2^31 - 1 iterations do not fit an int
+_PTRS, _INTS, _KERNEL = _FFI.typeof("uintptr_t[]"), _FFI.typeof("long long[]"), _FFI.typeof("tg_kernel")
+
 
 class ClangProgram(Program):
     """One kernel of a shared object: `void name(void **bufs, const long long *vals)`."""
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         super().__init__(device, name, lib)
-        self.ffi = FFI()
-        # the buffers as integers: the same ABI as void**, and cheaper to build than void* cdata
-        self.ffi.cdef(f"void {name}(uintptr_t *bufs, const long long *vals);")
+        self.ffi = _FFI
         # dlopen needs a file: it is written in this process's own folder (tgcore/renderer/scratch.py), which a later
         # process removes should this one be killed before the unlink
         fd, path = tempfile.mkstemp(prefix="kernel-", suffix=".so", dir=process_folder())
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(lib)
-            self.lib = self.ffi.dlopen(path)
+            self.lib = ctypes.CDLL(path)  # (kept: the library stays loaded as long as its program lives)
         finally:
             os.unlink(path)  # the loaded library stays mapped
-        self.fxn = getattr(self.lib, name)
-        # the variables as 64-bit ints: a thread's bounds of a kernel past 2^31 - 1 iterations do not fit an int
-        self._ptrs, self._ints = self.ffi.typeof("uintptr_t[]"), self.ffi.typeof("long long[]")
-        self._no_ints = self.ffi.new(self._ints, 1)
+        address = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+        self.fxn = _FFI.cast(_KERNEL, address)
+        self._ptrs, self._ints = _PTRS, _INTS
+        self._no_ints = _FFI.new(_INTS, 1)
         # argument arrays by buffer addresses: the addresses are the whole content, so a hit is always right
         self._ptr_arrays: dict[tuple[int, ...], Any] = {}
 
