@@ -1,4 +1,4 @@
-"""Loads a compiled shared object through cffi and calls its kernel."""
+"""Loads a compiled shared object (ctypes) and calls its kernel through a cffi function pointer."""
 
 from __future__ import annotations
 
