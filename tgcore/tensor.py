@@ -1425,8 +1425,8 @@ class Tensor:
             nd == 2
             and cin == 1
             and groups == cout == self.shape[1]
-            and make_pair(stride, 2) in DEPTHWISE_FLAT_STRIDES
-            and make_pair(dilation, 2) == (1, 1)
+            and tuple(make_pair(stride, 2)) in DEPTHWISE_FLAT_STRIDES
+            and tuple(make_pair(dilation, 2)) == (1, 1)
             and all(p >= 0 for pad in pads for p in pad)
             and all_int(self.shape)
             and all_int(weight.shape)

@@ -145,3 +145,14 @@ def test_gradient_dtypes(xdt: Any, wdt: Any) -> None:
     tol = 2e-2 if dtypes.float16 in (xdt, wdt) else 1e-4
     np.testing.assert_allclose(tx.grad.numpy().astype(np.float64), exp_gx, rtol=tol, atol=tol)
     np.testing.assert_allclose(tw.grad.numpy().astype(np.float64), exp_gw, rtol=tol, atol=tol)
+
+
+def test_depthwise_conv_takes_list_strides_and_dilations() -> None:
+    # (as an ONNX model gives them): the flat stencil's checks read lists as tuples
+    x, w = R.standard_normal((1, 3, 7, 7)).astype(np.float32), R.standard_normal((3, 1, 5, 5)).astype(np.float32)
+    for stride in ([1, 1], [2, 2]):
+        got = Tensor(x).conv2d(Tensor(w), groups=3, stride=stride, dilation=[1, 1], padding=[2, 2]).numpy()
+        o = 6 // stride[0] + 1
+        ref = np_conv_grads(x, w, np.zeros((1, 3, o, o)), tuple(stride), 1, [(2, 2), (2, 2)], 3)[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
