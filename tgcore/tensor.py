@@ -1421,19 +1421,8 @@ class Tensor:
         """The convolution as windows times weights, summed (the checks done by _conv)."""
         (bs, _), (cout, cin), kernel = self.shape[:2], weight.shape[:2], weight.shape[2:]
         nd = len(kernel)
-        if (
-            nd == 2
-            and cin == 1
-            and groups == cout == self.shape[1]
-            and tuple(make_pair(stride, 2)) in DEPTHWISE_FLAT_STRIDES
-            and tuple(make_pair(dilation, 2)) == (1, 1)
-            and all(p >= 0 for pad in pads for p in pad)
-            and all_int(self.shape)
-            and all_int(weight.shape)
-            and type(self.lazydata) is LazyBuffer
-            and (prod(kernel) > 9 or ((self.shape[3] + sum(pads[1]) - kernel[1]) // make_pair(stride, 2)[1] + 1) % 4)
-        ):
-            return self._conv_depthwise_flat(weight, make_pair(stride, 2), pads, acc_dtype)
+        if (strides := self._depthwise_flat_strides(weight, groups, stride, dilation, pads)) is not None:
+            return self._conv_depthwise_flat(weight, strides, pads, acc_dtype)
         x = self._conv_windows(kernel, groups, stride, dilation, pads)
         out_sp = x.shape[4 : 4 + nd]
         positions = bs * prod(out_sp)
@@ -1446,6 +1435,22 @@ class Tensor:
         axes = (3, *range(4 + nd, 4 + 2 * nd))
         out = (x * w).sum(axes, acc_dtype=acc_dtype).cast(acc_dtype or least_upper_dtype(x.dtype, w.dtype))
         return out.reshape(bs, cout, *out_sp)
+
+    def _depthwise_flat_strides(
+        self, weight: Tensor, groups: int, stride: Any, dilation: Any, pads: tuple[tuple[int, int], ...]
+    ) -> Optional[tuple[int, int]]:
+        """The strides of a conv that _conv_depthwise_flat runs (a depthwise 2-d conv of stride 1 or 2, more than 9
+        taps or output rows no multiple of 4 wide), else None."""
+        (cout, cin), kernel = weight.shape[:2], weight.shape[2:]
+        if len(kernel) != 2 or cin != 1 or not groups == cout == self.shape[1]:
+            return None
+        strides, dilations = tuple(make_pair(stride, 2)), tuple(make_pair(dilation, 2))
+        if strides not in DEPTHWISE_FLAT_STRIDES or dilations != (1, 1) or any(p < 0 for pad in pads for p in pad):
+            return None
+        if not (all_int(self.shape) and all_int(weight.shape) and type(self.lazydata) is LazyBuffer):
+            return None
+        wo = (self.shape[3] + sum(pads[1]) - kernel[1]) // strides[1] + 1
+        return strides if prod(kernel) > 9 or wo % 4 else None
 
     def _conv_depthwise_flat(
         self,

@@ -147,12 +147,15 @@ def test_gradient_dtypes(xdt: Any, wdt: Any) -> None:
     np.testing.assert_allclose(tw.grad.numpy().astype(np.float64), exp_gw, rtol=tol, atol=tol)
 
 
-def test_depthwise_conv_takes_list_strides_and_dilations() -> None:
-    # (as an ONNX model gives them): the flat stencil's checks read lists as tuples
+def test_depthwise_conv_takes_list_strides_and_dilations(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (as an ONNX model gives them): the flat stencil's checks read lists as tuples, and the stencil runs
+    flat = Tensor._conv_depthwise_flat
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(Tensor, "_conv_depthwise_flat", lambda self, w, s, *a: calls.append(s) or flat(self, w, s, *a))
     x, w = R.standard_normal((1, 3, 7, 7)).astype(np.float32), R.standard_normal((3, 1, 5, 5)).astype(np.float32)
     for stride in ([1, 1], [2, 2]):
         got = Tensor(x).conv2d(Tensor(w), groups=3, stride=stride, dilation=[1, 1], padding=[2, 2]).numpy()
         o = 6 // stride[0] + 1
         ref = np_conv_grads(x, w, np.zeros((1, 3, o, o)), tuple(stride), 1, [(2, 2), (2, 2)], 3)[0]
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-
+    assert calls == [(1, 1), (2, 2)]

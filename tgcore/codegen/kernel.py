@@ -821,22 +821,17 @@ class Kernel:
         out = self.ast
         contiguous = [a for a in globals_ if self.stride_of(out, a) == 1]
         amount = self._divisor(_int(self.full_shape[contiguous[-1]]), (vw, 4, 2)) if contiguous else 0
-        heavy = len(alu) >= HEAVY_ELEMENTWISE
-        if amount and (amount == vw or not heavy) and self._try(Opt(OptOps.UPCAST, contiguous[-1], amount)):
-            if self.opts.global_max is None:  # (CPU loops: a GPU's work items read a row's elements together)
-                self._transpose_block(amount)
-            return
-        if heavy:
+        if len(alu) >= HEAVY_ELEMENTWISE and amount != vw:
             # no whole vector along the output's rows (EfficientNet's 7x7 maps: rows of 49; 14x14: 196, 4 lanes): an
             # arithmetic-heavy kernel takes its vectors along another axis, loads gathered and stores scattered, its
             # ops still `vw` lanes at a time (BatchNorm + SiLU over (1152, 49) on AVX2: 2.8 -> 0.8 ms; over (480,
-            # 196) on one AVX-512 core: 417 us in vectors of 4 along the rows)
+            # 196) on one AVX-512 core: 417 -> 222 us against vectors of 4 along the rows)
             for axis in reversed(globals_):
                 if axis not in contiguous[-1:] and self._divisor(_int(self.full_shape[axis]), (vw,)):
                     if self._try(Opt(OptOps.UPCAST, axis, vw)):
                         return
         if amount and self._try(Opt(OptOps.UPCAST, contiguous[-1], amount)):
-            if self.opts.global_max is None:
+            if self.opts.global_max is None:  # (CPU loops: a GPU's work items read a row's elements together)
                 self._transpose_block(amount)
 
     def _transpose_block(self, amount: int) -> None:

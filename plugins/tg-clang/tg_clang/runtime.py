@@ -26,7 +26,6 @@ class ClangProgram(Program):
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         super().__init__(device, name, lib)
-        self.ffi = _FFI
         # dlopen needs a file: it is written in this process's own folder (tgcore/renderer/scratch.py), which a later
         # process removes should this one be killed before the unlink
         fd, path = tempfile.mkstemp(prefix="kernel-", suffix=".so", dir=process_folder())
@@ -38,7 +37,6 @@ class ClangProgram(Program):
             os.unlink(path)  # the loaded library stays mapped
         address = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
         self.fxn = _FFI.cast(_KERNEL, address)
-        self._ptrs, self._ints = _PTRS, _INTS
         self._no_ints = _FFI.new(_INTS, 1)
         # argument arrays by buffer addresses: the addresses are the whole content, so a hit is always right
         self._ptr_arrays: dict[tuple[int, ...], Any] = {}
@@ -55,8 +53,8 @@ class ClangProgram(Program):
         if (ptrs := self._ptr_arrays.get(addresses)) is None:  # the same buffers again (a loop, a TinyJit replay)
             if len(self._ptr_arrays) >= 64:
                 self._ptr_arrays.clear()
-            ptrs = self._ptr_arrays[addresses] = self.ffi.new(self._ptrs, list(addresses) or [0])
-        ints = self.ffi.new(self._ints, vals) if vals else self._no_ints
+            ptrs = self._ptr_arrays[addresses] = _FFI.new(_PTRS, list(addresses) or [0])
+        ints = _FFI.new(_INTS, vals) if vals else self._no_ints
         if not wait:
             self.fxn(ptrs, ints)
             return None
