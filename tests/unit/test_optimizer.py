@@ -249,6 +249,32 @@ def test_hoisted_reduce_keeps_results_on_python() -> None:
     check("PYTHON", lambda a: a.sum(axis=0), x.T.copy(), opts=sums, renderer=cpu_style_python())
 
 
+def test_hoisted_reduce_computes_what_follows_it_in_a_pass_after_the_blocks() -> None:
+    # a Linear layer's bias and GELU, a ReLU and a scale: the blocks leave the bare sums in the output, then one pass
+    # over the tiles reads them back and stores the rest; bit for bit what the unoptimized kernel computes
+    x = (np.random.default_rng(3).standard_normal((8, 32)) * 10.0 ** np.arange(32) % 1e6).astype(np.float32)
+    for build in (lambda a, b, c: (a @ b + c).gelu(), lambda a, b, c: (a @ b).relu() * c - a.sum() * 0 + 1):
+        k = check("PYTHON", build, x, data((32, 32)), data((32,)), opts=HOISTED, renderer=cpu_style_python())
+        assert k.applied_opts[-1] == Opt(OptOps.HOIST, 2, 1)
+    sums = [Opt(OptOps.SPLIT, 0, 4), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.SPLIT, 1, 8), Opt(OptOps.HOIST, 1, 1)]
+    check("PYTHON", lambda a: a.max(axis=0).exp() * 2, x.T.copy(), opts=sums, renderer=cpu_style_python())
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_linear_layer_with_bias_and_gelu_runs_in_blocks(device: str) -> None:
+    # (BERT's feed-forward, smaller): blocked for the cache like a bare matmul, and as fast a tile
+    x, w, b = data((64, 512)), data((256, 512), seed=1) / 20, data((256,), seed=2)
+    k = check(device, lambda x, w, b: x.linear(w.T, b).gelu(), x, w, b)
+    plain = check(device, lambda x, w: x @ w.T, x, w)
+    assert OptOps.HOIST in {o.op for o in k.applied_opts}
+    upcasts = [[o for o in kernel.applied_opts if o.op is OptOps.UPCAST] for kernel in (k, plain)]
+    assert upcasts[0] == upcasts[1]
+    got = Tensor(x, device=device).linear(Tensor(w, device=device).T, Tensor(b, device=device)).gelu().numpy()
+    y = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    ref = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3)))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_hoisted_reduce_keeps_results_on_cpu_devices(device: str) -> None:
     check(device, lambda a, b: a @ b, data((8, 32)), data((32, 32)), opts=HOISTED)
@@ -368,7 +394,7 @@ def test_a_convs_gathered_weights_are_packed_once_per_column_tile_or_kept_one_ve
 
 
 def test_a_linear_layers_gathered_weights_go_one_vector_wide_where_two_would_not_pack() -> None:
-    """x @ w.T + b with 32 vector registers: the bias keeps the reduce from running in blocks, so w's block for a
+    """x @ w.T + b with 32 vector registers: a reduce of 64 steps is too short to run in blocks, so w's block for a
     column tile (all 64 reduce steps) is packed whole: two vectors wide where that fits the scratch memory, else one
     vector (whose block fits), never two vectors gathered at every step."""
     x, w, b = data((48, 64)), data((64, 64), seed=1), data((64,), seed=2)
@@ -392,7 +418,9 @@ def tile_columns(k: Kernel) -> int:
 
 def test_hoist_is_refused_where_it_cannot_keep_results() -> None:
     renderer = cpu_style_python()
-    for build in (lambda a, b: (a @ b).relu(), lambda a, b: (a @ b).cast(dtypes.float16)):
+    # the partial sums wait in the output: it must hold the accumulator's dtype; and one reduce only
+    two_reduces = lambda a, b: a.sum(1, keepdim=True) + a.max(1, keepdim=True)  # noqa: E731
+    for build in (lambda a, b: (a @ b).cast(dtypes.float16), two_reduces):
         si = last_kernel("PYTHON", build, data((8, 16)), data((16, 8)))
         k = Kernel(si.ast, renderer)
         with pytest.raises(KernelOptError):

@@ -84,6 +84,14 @@ def _int(s: sint) -> int:
     return s
 
 
+def _reduce_block(size: int) -> int:
+    """The reduce steps of a block of a reduce of `size` steps run in blocks for the cache (_block_for_cache):
+    BLOCK_REDUCE, or the divisor of the reduce nearest below it down to half of it (784 = 4 x 196 blocks); 0 where
+    no such block divides it or it is shorter than two blocks (it runs unblocked)."""
+    step = next((b for b in range(BLOCK_REDUCE, BLOCK_REDUCE // 2 - 1, -1) if size % b == 0), 0)
+    return step if step and size >= 2 * step else 0
+
+
 def stride_order(stride: Optional[sint]) -> int:
     """A buffer stride as a sort key: an unknown or symbolic one counts as the largest."""
     return stride if isinstance(stride, int) else 1 << 62
@@ -109,7 +117,8 @@ class OptOps(Enum):
     SWAP = auto()  # axis and amount: two global loop axes that exchange places (loop order)
     SPLIT = auto()  # axis: a global or reduce loop; it becomes two loops, the inner one of `amount` iterations
     # axis, amount: the last `axis` global loops run inside the first `amount` reduce loops, accumulating in the
-    # output buffer (CPU loops only, for a kernel that stores its reduce unchanged); the last optimization applied
+    # output buffer (CPU loops only, for a kernel of one reduce whose output holds the accumulator's dtype; what it
+    # computes after the reduce runs in a last pass over the output); the last optimization applied
     HOIST = auto()
     # axis: an input (its index among the kernel's loads): before each run of the innermost reduce loop, the
     # workgroup copies what that loop reads of it into shared memory, and the loop reads it from there (devices with
@@ -416,12 +425,13 @@ class Kernel:
 
     def _hoist_refusal(self) -> Optional[str]:
         """Why no HOIST can keep this kernel's partial sums in its output, or None where one can."""
-        root = self.ast.src[0]
-        if len(self.reduceops) != 1 or root is not self.reduceops[0]:
-            return "the kernel must store its reduce"
+        # (what the kernel computes after its reduce runs in one more pass over the output: Linearizer's
+        # _hoisted_epilogue)
+        if len(self.reduceops) != 1:
+            return "the kernel must have one reduce"
         if self.reduce_lanes:
             return "a lane reduce combines its lanes before the store"
-        if dtype_of(root) != self.ast.arg.dtype:
+        if dtype_of(self.reduceops[0]) != self.ast.arg.dtype:
             return "the output holds another dtype than the accumulator"
         if any(x.op is BufferOps.LOAD and x.arg.idx == 0 for x in self.leaves):
             return "reads its output"
@@ -557,10 +567,16 @@ class Kernel:
     def _lane_budget(self) -> int:
         """The most lanes (upcast and unrolled) worth giving this kernel: LANE_OPS over its ALU ops, so that a kernel
         with a long fused expression (a matmul reading a GELU's gradient: ~80 ops a lane) is not unrolled into tens
-        of thousands of uops (87k, 38 s of a C compiler's time, for no speed: it spills the registers anyway)."""
-        ops = sum(1 for x in self.ast.lazyops() if not isinstance(x.op, (BufferOps, ReduceOps)))
-        budget = max(1, LANE_OPS // max(ops, 1))
-        return min(budget, LONG_KERNEL_LANES) if ops > LONG_KERNEL_OPS else budget
+        of thousands of uops (87k, 38 s of a C compiler's time, for no speed: it spills the registers anyway). An op
+        after a reduce that a vector renderer computes on whole vectors (a Linear layer's bias and GELU) is rendered
+        once a vector, not once a lane: it counts as 1/vw of one (GELU after 128x768 @ 768x3072 held the tile to 4 x
+        32 lanes: 2.8 -> 3.x ms on two AVX-512 cores)."""
+        ops = [x for x in self.ast.lazyops() if not isinstance(x.op, (BufferOps, ReduceOps))]
+        inside = set(self.reduceops[0].lazyops()) if self.reduceops else set(ops)
+        vw = self._vector_width() if self.opts.vector_uops else 1
+        cost = sum(1 if x in inside or not self._vector_op(x) else 1 / vw for x in ops)
+        budget = max(1, int(LANE_OPS // max(cost, 1)))
+        return min(budget, LONG_KERNEL_LANES) if len(ops) > LONG_KERNEL_OPS else budget
 
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
         loads = self.loads()
@@ -741,14 +757,12 @@ class Kernel:
         ):
             return
         size, blocks = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
-        # the reduce steps of a block: BLOCK_REDUCE, or the divisor of the reduce nearest below it down to half of it
-        # (784 = 4 x 196 blocks); a reduce that no such block divides runs unblocked
-        step = next((b for b in range(BLOCK_REDUCE, BLOCK_REDUCE // 2 - 1, -1) if size % b == 0), 0)
+        step = _reduce_block(size)
         # tiles of a panel: PANEL_TILES, or a near count that divides the tiles (1040 columns: 65 tiles, 13 panels)
         panel = next(
             (p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if blocks % p == 0), 0
         )
-        if not step or size < 2 * step or not panel or blocks == panel:
+        if not step or not panel or blocks == panel:
             return
         saved = self.copy()
         try:
@@ -763,20 +777,23 @@ class Kernel:
         # the input read in vectors along the tile's columns, one row of it per reduce step: its block is packed
         # (rows a power of two apart share a few cache sets; packed, they stream: 2048 x 2048 on one core 121 -> 145
         # GFLOP/s). The other input, read one broadcast element at a time, stays (packed, it was ~20% slower)
+        # (an input added after the reduce, as a bias, is read once per output in the epilogue: not packed)
+        inside = set(self.reduceops[0].lazyops())
         for i, leaf in enumerate(self.loads()):
-            if self.shape_len - 1 in self.pack_axes(leaf):
+            if leaf in inside and self.shape_len - 1 in self.pack_axes(leaf):
                 self._try(Opt(OptOps.PACK, i, 0))
 
     def _packs_gathered(self, columns: int) -> bool:
         """Whether a gathered input's block for a tile of `columns` can be packed in the renderer's scratch memory (CPU
-        loops only): a matmul of two global axes that stores its reduce unchanged runs it in blocks (_block_for_cache),
-        each block packed; else every reduce step of them (float32 or narrower: _pack_gathered). (A Linear layer's
-        3072 -> 768 projection with its bias, 128 rows: 32 columns, unpacked, ran at 27 GFLOP/s on two AVX-512 cores;
-        16, packed, at 86-94.)"""
+        loops only): a matmul of two global axes whose reduce is long enough (a bias or GELU after it too) runs in
+        blocks (_block_for_cache), each block packed; else every reduce step of them (float32 or narrower:
+        _pack_gathered). (A Linear layer's 3072 -> 768 projection with its bias, 128 rows, before it could block: 32
+        columns, unpacked, ran at 27 GFLOP/s on two AVX-512 cores; 16, packed, at 86-94; in blocks 32 wide, ~220.)"""
         if not self.opts.scratch_max or self.opts.global_max is not None or self.local_dims:
             return False
         if self.first_reduce == 2 and self.n_reduce == 1 and self._hoist_refusal() is None:
-            return True
+            if _reduce_block(_int(self.full_shape[self.first_reduce])):
+                return True
         steps = prod(_int(s) for s in self.full_shape[self.first_reduce : self.first_reduce + self.n_reduce])
         return steps * columns * 4 <= self.opts.scratch_max
 

@@ -302,7 +302,7 @@ class Linearizer:
         if k.inner_globals:  # the accumulators live in the output: set them, then run the outer reduce loops
             inner_ranges = self._open_loops(inner, False)
             init = dtypes.as_const(
-                0 if store.src[0].op is ReduceOps.SUM else dtypes.min(store.arg.dtype), store.arg.dtype
+                0 if k.reduceops[0].op is ReduceOps.SUM else dtypes.min(store.arg.dtype), store.arg.dtype
             )
             zero = self._splat(self.const(init, store.arg.dtype))
             self._store(store, [self._vector(zero) if self._vectorizable(store.arg.dtype) else zero] * self.n_groups)
@@ -311,7 +311,10 @@ class Linearizer:
             self.ranges += self._open_loops(list(range(k.first_reduce, k.first_reduce + k.outer_reduces)), True)
             self._pack_inputs()
             self.ranges += self._open_loops(inner, False)
-        self._store(store, self.lower(store.src[0]))
+        if k.inner_globals and store.src[0] is not k.reduceops[0]:
+            self._hoisted_epilogue(inner)
+        else:
+            self._store(store, self.lower(store.src[0]))
         for r in reversed(self.ranges):
             self.close_range(r)
         self.uops = _live(self.uops)
@@ -324,6 +327,21 @@ class Linearizer:
         )
         self.uops = self.header + self.uops
         return self.uops
+
+    def _hoisted_epilogue(self, inner: list[int]) -> None:
+        """HOIST of a kernel that computes more after its reduce (a Linear layer's bias, GELU): the outer reduce
+        loops leave the bare sums in the output; then one more pass over this step's output tiles (in cache) reads
+        each sum back and stores what the kernel computes of it."""
+        k, store = self.k, self.k.ast
+        self._store(store, self.lower(k.reduceops[0]))
+        n = len(inner) + k.outer_reduces
+        for r in reversed(self.ranges[-n:]):
+            self.close_range(r)
+        del self.ranges[-n:]
+        self.ranges += self._open_loops(inner, False)
+        self.ast_caches.append({k.reduceops[0]: [self._lower_group(store, g) for g in range(self.n_groups)]})
+        self._store(store, self.lower(store.src[0]))
+        self.ast_caches.pop()
 
     def _vector_width(self) -> int:
         """Lanes per group: the largest power of two up to MAX_VECTOR dividing the last upcast axis, when the
