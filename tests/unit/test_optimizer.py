@@ -14,13 +14,22 @@ import numpy as np
 import pytest
 
 from tgcore import Device, Tensor, dtypes
-from tgcore.codegen.kernel import BLOCK_REDUCE, MAX_UPCAST, PANEL_TILES, Kernel, KernelOptError, Opt, OptOps
+from tgcore.codegen.kernel import (
+    BLOCK_REDUCE,
+    INTERLEAVE_VECTORS,
+    MAX_UPCAST,
+    PANEL_TILES,
+    Kernel,
+    KernelOptError,
+    Opt,
+    OptOps,
+)
 from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
 from tgcore.device import Buffer
 from tgcore.dtype import DType
 from tgcore.engine.realize import CompiledRunner, get_kernel
-from tgcore.helpers import Context
+from tgcore.helpers import Context, prod
 from tgcore.ops import BinaryOps, BufferOps, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
 from tgcore.runtime.python import PythonRenderer
@@ -689,17 +698,19 @@ def test_heavy_elementwise_takes_vectors_along_another_axis() -> None:
     renderer = cpu_style_python()
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
     renderer.vector_math = (UnaryOps.EXP2, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
+    # (and two of them at once, the rest of the 16 rows: each vector's ops wait on each other, two vectors' overlap)
     heavy = Kernel(last_kernel("PYTHON", _silu, data((16, 49)), data((16, 1))).ast, renderer)
     heavy.hand_coded_optimizations()
-    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8)]
+    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 0, 2)]
     light = Kernel(last_kernel("PYTHON", lambda a, w: a * w + 1, data((16, 49)), data((16, 1))).ast, renderer)
     light.hand_coded_optimizations()
     assert light.applied_opts == []
     # rows of 196 hold vectors of 4 but not of 8: the heavy kernel still takes whole vectors along the rows' axis
-    # of 16, the light one the 4 lanes along the rows (EfficientNet's 14x14 maps after a depthwise conv)
+    # of 16, the light one the 4 lanes along the rows (EfficientNet's 14x14 maps after a depthwise conv); the heavy
+    # one 4 vectors at once, along the rows
     heavy = Kernel(last_kernel("PYTHON", _silu, data((16, 196)), data((16, 1))).ast, renderer)
     heavy.hand_coded_optimizations()
-    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8)]
+    assert heavy.applied_opts == [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UPCAST, 1, 4)]
     light = Kernel(last_kernel("PYTHON", lambda a, w: a * w + 1, data((16, 196)), data((16, 1))).ast, renderer)
     light.hand_coded_optimizations()
     assert light.applied_opts[0] == Opt(OptOps.UPCAST, 1, 4)
@@ -710,6 +721,22 @@ def test_heavy_elementwise_vectors_keep_results(device: str) -> None:
     check(device, _silu, data((16, 49)), data((16, 1)))
     check(device, _silu, data((16, 49)), data((16, 1)), opts=[Opt(OptOps.UPCAST, 0, 8)])
     check(device, _silu, data((16, 196)), data((16, 1)))
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_long_elementwise_chains_run_several_vectors_at_once(device: str) -> None:
+    # exp, sigmoid, SiLU over a contiguous array: INTERLEAVE_VECTORS whole vectors an iteration (their chains of
+    # dependent ops overlap), bit for bit the unoptimized kernel's results, and numpy's within float32 rounding
+    vw = Device[device].renderer.vector_widths.get(dtypes.float32, 1)
+    x = data((64, 256)) * 4
+    for fn, ref in ((lambda a: a.exp(), np.exp), (lambda a: a.silu(), lambda v: v / (1 + np.exp(-v)))):
+        k = check(device, fn, x)
+        if vw > 1 and Device[device].renderer.vector_uops:
+            assert prod(k.upcast_sizes) == INTERLEAVE_VECTORS * min(vw, 16), k.applied_opts
+        got = fn(Tensor(x, device=device)).numpy()
+        np.testing.assert_allclose(got, ref(x.astype(np.float64)), rtol=2e-6, atol=1e-30)
+    light = check(device, lambda a: a + 1, x)  # (an add waits on its loads, not on its ops: one vector)
+    assert prod(light.upcast_sizes) <= max(vw, 1)
 
 
 def test_loads_and_broadcasts_sit_just_before_their_first_use() -> None:
