@@ -159,3 +159,38 @@ def test_depthwise_conv_takes_list_strides_and_dilations(monkeypatch: pytest.Mon
         ref = np_conv_grads(x, w, np.zeros((1, 3, o, o)), tuple(stride), 1, [(2, 2), (2, 2)], 3)[0]
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert calls == [(1, 1), (2, 2)]
+
+
+TRANSPOSE_CASES = [
+    # x shape, weight shape (Cin, Cout / groups, *kernel), conv_transpose2d keywords
+    ((2, 3, 5, 6), (3, 4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    ((1, 4, 7, 5), (4, 3, 1, 1), dict(stride=2)),  # a 1x1 kernel: phases with no tap are zeros
+    ((1, 4, 5, 4), (4, 3, 4, 3), dict(stride=3, padding=1, output_padding=2, groups=2)),
+    ((2, 2, 4, 4), (2, 3, 5, 2), dict(stride=(2, 4), padding=(2, 0), output_padding=(1, 3))),
+    ((1, 2, 6, 6), (2, 2, 3, 3), dict(stride=2, padding=3)),  # padding past the kernel: the output is trimmed
+    ((1, 2, 5, 5), (2, 2, 3, 3), dict(stride=2, dilation=2, padding=1)),  # dilated: the spread input
+    ((2, 3, 9), (3, 2, 4), dict(stride=3, padding=1, output_padding=1)),  # 1-d
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", TRANSPOSE_CASES, ids=[f"case{i}" for i in range(len(TRANSPOSE_CASES))])
+def test_conv_transpose_matches_reference(monkeypatch: pytest.MonkeyPatch, xs: tuple, ws: tuple, kw: dict) -> None:
+    # conv_transpose(x) is the input gradient of the conv with the same weight, taken at x
+    phases = Tensor._conv_transpose_phases
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        Tensor, "_conv_transpose_phases", lambda self, w, g, s, p: calls.append(s) or phases(self, w, g, s, p)
+    )
+    x, w, b = R.standard_normal(xs), R.standard_normal(ws), R.standard_normal(ws[1] * kw.get("groups", 1))
+    nd = len(ws) - 2
+    stride, dilation = (kw.get(k, 1) for k in ("stride", "dilation"))
+    strides, dils = ((v,) * nd if isinstance(v, int) else v for v in (stride, dilation))
+    pad, out_pad = (kw.get(k, 0) for k in ("padding", "output_padding"))
+    pads, out_pads = ((v,) * nd if isinstance(v, int) else v for v in (pad, out_pad))
+    size = [(n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(xs[2:], strides, pads, dils, ws[2:],
+                                                                                 out_pads)]  # fmt: skip
+    _, expect, _ = np_conv_grads(np.zeros((xs[0], ws[1] * kw.get("groups", 1), *size)), w, x, strides, dils,
+                                 [(p, p) for p in pads], kw.get("groups", 1))  # fmt: skip
+    got = Tensor(x).conv_transpose2d(Tensor(w), Tensor(b), **kw).numpy()
+    np.testing.assert_allclose(got, expect + b.reshape(1, -1, *([1] * nd)), rtol=1e-10, atol=1e-10)
+    assert calls == ([] if any(d > 1 for d in dils) else [strides])
