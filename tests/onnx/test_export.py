@@ -1,6 +1,7 @@
 """Models exported from torch (torch.onnx with onnxscript, the dynamo exporter) run on tgcore.onnx and match torch:
 a small ResNet (convolutions, BatchNorm folded by the exporter, residual adds, pooling, Gemm) and a two-layer causal
-transformer language model (embeddings, LayerNormalization, scaled dot-product attention, GELU)."""
+transformer language model (embeddings, LayerNormalization, scaled dot-product attention, GELU); exported with a
+dynamic batch dimension, each runs every batch size from one recording."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ class _LM(nn.Module):
         return self.head(self.ln(x))
 
 
-def _export(model: nn.Module, example: torch.Tensor):  # noqa: ANN202
-    return torch.onnx.export(model, (example,), dynamo=True, verbose=False).model_proto
+def _export(model: nn.Module, example: torch.Tensor, dynamic_batch: bool = False):  # noqa: ANN202
+    shapes = ({0: torch.export.Dim("batch", min=1, max=64)},) if dynamic_batch else None
+    return torch.onnx.export(model, (example,), dynamo=True, verbose=False, dynamic_shapes=shapes).model_proto
 
 
 def _run(proto, x: np.ndarray) -> np.ndarray:  # noqa: ANN001
@@ -119,3 +121,41 @@ def test_exported_causal_transformer_matches_torch() -> None:
     got2 = _run(proto, idx2.numpy())
     np.testing.assert_allclose(got2[:, :-1], got[:, :-1], rtol=1e-5, atol=1e-5)
     assert np.abs(got2[:, -1] - got[:, -1]).max() > 1e-3
+
+
+def _resnet() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _ResNet().eval(), torch.randn(2, 3, 32, 32)
+
+
+def _lm() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _LM().eval(), torch.randint(0, 100, (2, 16))
+
+
+@pytest.mark.parametrize("make", [_resnet, _lm], ids=["resnet", "transformer"])
+def test_exported_with_a_dynamic_batch_one_recording_serves_each_size(make) -> None:  # noqa: ANN001
+    """torch exports the batch as a dim_param (and its attention's reshapes as Shape -> Slice -> Concat chains):
+    batch 3, then 1, 3 and 1 again match torch, and the graph is walked twice in all (a plain run, the recording)."""
+    model, example = make()
+    proto = _export(model, example, dynamic_batch=True)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    onnx_model = OnnxModel(proto)
+    walks = [0]
+    run = onnx_model._run
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        walks[0] += 1
+        return run(*args, **kwargs)
+
+    onnx_model._run = counting
+    name, out = onnx_model.input_names[0], onnx_model.output_names[0]
+    for batch in (3, 1, 3, 1):
+        x = example[:1].repeat(batch, *([1] * (example.ndim - 1)))
+        x = torch.randn_like(x) if x.is_floating_point() else torch.randint_like(x, 0, 100)
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = onnx_model(**{name: x.numpy()})[out].numpy()
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert walks[0] == 2, onnx_model.symbolic_fallback

@@ -19,14 +19,15 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
 
 from tgcore.device import Device
 from tgcore.engine.jit import JitError, TinyJit
-from tgcore.helpers import JIT
-from tgcore.onnx import external, lowbit
+from tgcore.helpers import DEBUG, JIT
+from tgcore.onnx import dynamic, external, lowbit
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_recent as _ops_recent  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_text as _ops_text  # noqa: F401 (registers the operators)
-from tgcore.onnx.errors import OnnxError, UnsupportedOp
+from tgcore.onnx.errors import NotSymbolic, OnnxError, UnsupportedOp
 from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
+from tgcore.shape.symbolic import Variable
 from tgcore.tensor import Tensor
 
 __all__ = ["OnnxModel", "OnnxError", "UnsupportedOp", "REGISTRY", "run_node"]
@@ -81,6 +82,10 @@ class _Graph:
                 raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
             n = Node(node.op_type, self.opset, inputs, _attrs(node), self.device, len(node.output), self.known)
             n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
+            if self.known.symbolic:  # (walking with symbolic sizes: only where the node is known to take them)
+                if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
+                    raise NotSymbolic(f"{node.op_type} runs a subgraph")
+                dynamic.check(n)
             try:
                 out = fn(n)
             except TypeError as e:
@@ -100,7 +105,12 @@ class OnnxModel:
     """An ONNX model loaded for a tgcore device: call it with inputs by name, get outputs by name.
 
     The model is checked with onnx's checker; initializers become tensors on `device` once. Initializers in external
-    files (a model given by its path) are checked and read lazily, at the first run that needs them."""
+    files (a model given by its path) are checked and read lazily, at the first run that needs them.
+
+    An input dimension declared without a value (a dim_param such as "batch") is a symbolic Variable: one recording of
+    the graph's kernels serves every size of it from 1 to `dynamic_max` (sizes share a recording within tiers: 1-16,
+    17-32, 33-64, ...; see tgcore/onnx/dynamic.py). A graph that cannot run with symbolic sizes (`symbolic_fallback`
+    says why), a size past `dynamic_max`, or `dynamic_max=0` gets a recording per input shape instead."""
 
     def __init__(
         self,
@@ -108,6 +118,7 @@ class OnnxModel:
         device: Optional[str] = None,
         check: bool = True,
         jit: bool = True,
+        dynamic_max: int = dynamic.DEFAULT_LIMIT,
     ) -> None:
         # external data (initializers in files beside the model) is read lazily, from the model's folder only
         path: Optional[str] = None
@@ -151,6 +162,12 @@ class OnnxModel:
         # replayed (it reads computed values to the host, or returns sequences or empty optionals)
         self.jit = jit
         self._replays: dict[tuple[Any, ...], Optional[_Replay]] = {}
+        # per input, per axis: the Variable of a dynamic dimension (None: a static one); symbolic recordings are kept
+        # in _replays too, keyed by the dimensions' names and tiers
+        self.dynamic_max = dynamic_max
+        self._dims = dynamic.input_dims(graph, self.input_names) if dynamic_max > 0 else {}
+        self._not_symbolic: set[tuple[Any, ...]] = set()  # signatures (names, not sizes) that run concretely
+        self.symbolic_fallback: Optional[str] = None  # why the last call that could not run symbolically did not
 
     def _as_tensor(self, name: str, value: Any) -> Any:
         """A tensor; a list (an ONNX sequence) of them; None (an empty optional)."""
@@ -183,21 +200,63 @@ class OnnxModel:
             raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
         given = {n: self._as_tensor(n, v) for n, v in feed.items()}
         if self.jit and JIT.value and all(isinstance(t, Tensor) and n in self.input_names for n, t in given.items()):
-            signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
-            if signature not in self._replays:
-                if len(self._replays) >= _MAX_REPLAYS:  # (the oldest signature's kernels go)
-                    self._replays.pop(next(iter(self._replays)))
-                self._replays[signature] = _Replay(self)
-            if (replay := self._replays[signature]) is not None:
-                outs = replay(given)
-                if not replay.static:  # (found on its first run, a plain one: its outputs are right)
-                    self._replays[signature] = None
+            if not self._dims:
+                return self._replayed(given)
+            outs, unsure = self._symbolic_call(given)
+            if outs is not None:
                 return outs
+            outs = self._replayed(given)  # (raises where the input is at fault, and so the symbolic walk was not)
+            if unsure is not None:
+                self._not_symbolic.add(unsure)
+            return outs
         return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
 
-    def _run(self, given: dict[str, Any]) -> tuple[list[Any], Known]:
+    def _replayed(self, given: dict[str, Tensor]) -> dict[str, Any]:
+        """The outputs from the recording for this input signature (concrete shapes), or of a plain run."""
+        signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
+        if signature not in self._replays:
+            if len(self._replays) >= _MAX_REPLAYS:  # (the oldest signature's kernels go)
+                self._replays.pop(next(iter(self._replays)))
+            self._replays[signature] = _Replay(self)
+        if (replay := self._replays[signature]) is not None:
+            outs = replay(given)
+            if not replay.static:  # (found on its first run, a plain one: its outputs are right)
+                self._replays[signature] = None
+            return outs
+        return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
+
+    def _symbolic_call(self, given: dict[str, Tensor]) -> tuple[Optional[dict[str, Tensor]], Optional[tuple[Any, ...]]]:
+        """(the outputs from the recording whose Variables stand for the dynamic dimensions, None) or, where this call
+        runs with concrete shapes, (None, the signature to run concretely from now on if that run succeeds: an error
+        of the symbolic walk other than NotSymbolic may be the input's). A graph found not to run symbolically is not
+        walked symbolically again, at any size."""
+        if (bound := dynamic.bind(given, self._dims, self.dynamic_max)) is None:
+            return None, None
+        key, symbolic, var_vals = bound
+        if key[1] in self._not_symbolic:
+            return None, None
+        if (replay := self._replays.get(key)) is None:
+            if len(self._replays) >= _MAX_REPLAYS:
+                self._replays.pop(next(iter(self._replays)))
+            replay = self._replays[key] = _Replay(self, symbolic=True)
+        try:
+            return replay.run_symbolic(symbolic, var_vals), None
+        except Exception as e:  # noqa: BLE001 (any error of a symbolic run: the concrete run decides)
+            self.symbolic_fallback = f"{type(e).__name__}: {e}"
+            if DEBUG.value >= 1:
+                print(f"onnx: this call runs with concrete shapes: {self.symbolic_fallback}")
+            if replay.jit.cnt >= 2 and not isinstance(e, NotSymbolic):  # (a replay that failed: the input's fault)
+                return None, None
+            self._replays.pop(key, None)
+            if isinstance(e, NotSymbolic):
+                self._not_symbolic.add(key[1])
+                return None, None
+            return None, key[1]
+
+    def _run(self, given: dict[str, Any], symbolic: bool = False) -> tuple[list[Any], Known]:
         """The graph's outputs (lazy) for the given inputs, and what it knew of their values on the host."""
         known = Known(self.known)
+        known.symbolic = symbolic
         return _Graph(self.opset, self.device, known).run(self.proto.graph, {**self.initializers, **given}), known
 
 
@@ -209,15 +268,24 @@ class _Replay:
     """The kernels of an OnnxModel's graph for one input signature, recorded by a TinyJit: the first call walks the
     graph, the second records its kernels, later ones launch them without walking it. A graph that reads a computed
     value to the host (its kernels could change with the input values) is found on the first call (`static` goes
-    False) and is not recorded. Outputs are copied out of the recording's buffers, which the next call overwrites."""
+    False) and is not recorded. Outputs are copied out of the recording's buffers, which the next call overwrites.
 
-    def __init__(self, model: OnnxModel) -> None:
-        self.model, self.static = model, True
+    A symbolic replay takes inputs of symbolic shapes: its walk raises NotSymbolic where the graph needs concrete ones,
+    and its outputs are copied out at the shape the Variables' values give them."""
+
+    def __init__(self, model: OnnxModel, symbolic: bool = False) -> None:
+        self.model, self.static, self.symbolic = model, True, symbolic
         self.jit = TinyJit(self._graph)
 
     def _graph(self, **given: Tensor) -> list[Tensor]:
-        outs, known = self.model._run(given)
+        outs, known = self.model._run(given, self.symbolic)
         inputs = {id(t.lazydata.base) for t in given.values()}
+        if self.symbolic:
+            if not all(type(t) is Tensor for t in outs):
+                raise NotSymbolic("an output is a sequence, an empty optional or of a low-bit type")
+            if any(id(t.lazydata.base) in inputs for t in outs):
+                raise NotSymbolic("an output is an input")
+            return [t.contiguous() for t in outs]  # (each its own buffer: copied out by its first elements)
         if (
             known.computed_reads
             or not all(isinstance(t, Tensor) for t in outs)
@@ -225,6 +293,14 @@ class _Replay:
         ):
             self.static = False
         return outs
+
+    def run_symbolic(self, given: dict[str, Tensor], var_vals: dict[Variable, int]) -> dict[str, Tensor]:
+        """The outputs for inputs of symbolic shapes whose Variables take `var_vals`."""
+        try:
+            outs = self.jit(**given)
+        except JitError as e:
+            raise NotSymbolic(str(e)) from e
+        return {name: dynamic.concrete(t, var_vals) for name, t in zip(self.model.output_names, outs)}
 
     def __call__(self, given: dict[str, Tensor]) -> dict[str, Any]:
         try:

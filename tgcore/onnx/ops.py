@@ -11,9 +11,11 @@ from typing import Optional
 
 import numpy as np
 
-from tgcore.dtype import dtypes
-from tgcore.onnx.errors import OnnxError
+from tgcore.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
+from tgcore.onnx import dynamic
+from tgcore.onnx.errors import NotSymbolic, OnnxError
 from tgcore.onnx.registry import Node, Result, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
+from tgcore.shape.symbolic import Node as SymNode
 from tgcore.tensor import Tensor
 
 # ***** elementwise: unary math *****
@@ -170,24 +172,70 @@ def _same(a: Tensor, out: Tensor) -> Tensor:
     return out if out.dtype == a.dtype else out.cast(a.dtype)
 
 
+# host copies of at most this many integers are computed with on the host by the ops that shape arithmetic passes
+# through (Unsqueeze, Squeeze, Cast, Add, Sub, Mul, Div), so a shape read by a later Reshape stays known
+_SHAPE_LIKE = 64
+
+
+def _shape_like(n: Node, x: Optional[Tensor]) -> Optional[np.ndarray]:
+    """x's host copy where it is a shape or a part of one: a few 32- or 64-bit integers (or symbolic sizes)."""
+    if x is None or x.dtype not in (dtypes.int32, dtypes.int64) or type(x) is not Tensor:
+        return None
+    v = n.known.get(id(x))
+    return v if v is not None and v.size <= _SHAPE_LIKE else None
+
+
+def _known_ints(n: Node) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The host copies of a binary op's two inputs where both are shapes of one dtype (shape arithmetic)."""
+    a, b = n[0], n[1]
+    if a is None or b is None or a.dtype != b.dtype:
+        return None
+    av, bv = _shape_like(n, a), _shape_like(n, b)
+    if av is None or bv is None:
+        return None
+    if av.dtype == object or bv.dtype == object:  # (symbolic sizes compute with Python ints)
+        return av.astype(object), bv.astype(object)
+    return av, bv
+
+
 @op("Add", 7)
 def _add(n: Node) -> Tensor:
+    if (ab := _known_ints(n)) is not None:
+        return _known(n, ab[0] + ab[1], n[0].dtype)
     return _same(n[0], n[0] + n[1])
 
 
 @op("Sub", 7)
 def _sub(n: Node) -> Tensor:
+    if (ab := _known_ints(n)) is not None:
+        return _known(n, ab[0] - ab[1], n[0].dtype)
     return _same(n[0], n[0] - n[1])
 
 
 @op("Mul", 7)
 def _mul(n: Node) -> Tensor:
+    if (ab := _known_ints(n)) is not None:
+        return _known(n, ab[0] * ab[1], n[0].dtype)
     return _same(n[0], n[0] * n[1])
+
+
+def _trunc_div(x: object, y: object) -> object:
+    """One integer quotient rounded toward zero (C's, the spec's); a symbolic size only by a positive number."""
+    if isinstance(x, SymNode) or isinstance(y, SymNode):
+        if not (isinstance(y, int) and y > 0 and (not isinstance(x, SymNode) or x.min >= 0)):
+            raise NotSymbolic(f"Div of the symbolic size {x} by {y}")
+        return x // y
+    q = abs(int(x)) // abs(int(y))  # type: ignore[call-overload]
+    return -q if (int(x) < 0) != (int(y) < 0) else q  # type: ignore[call-overload]
 
 
 @op("Div", 7)
 def _div(n: Node) -> Tensor:
     a, b = n[0], n[1]
+    if (ab := _known_ints(n)) is not None and not (ab[1] == 0).any():
+        av, bv = ab
+        q = np.asarray(np.frompyfunc(_trunc_div, 2, 1)(av.astype(object), bv.astype(object)), dtype=object)
+        return _known(n, q if av.dtype == object else q.astype(av.dtype), a.dtype)
     if dtypes.is_float(a.dtype):
         return a / b
     return a.div(b, upcast=False)  # integers: C's truncation, as the spec's reference casts the quotient
@@ -447,7 +495,7 @@ def _avgpool(n: Node) -> Tensor:
 @op("GlobalAveragePool", 1)
 def _gap(n: Node) -> Tensor:
     x = n[0]
-    return x.mean(tuple(range(2, x.ndim)), keepdim=True)
+    return _mean(x, tuple(range(2, x.ndim)), True)
 
 
 @op("GlobalMaxPool", 1)
@@ -486,9 +534,9 @@ def _layernorm(n: Node) -> tuple:
     axis = norm_axis(n.get("axis", -1), x.ndim)
     axes = tuple(range(axis, x.ndim))
     xf = x.cast(dtypes.float32) if n.get("stash_type", 1) == 1 and x.dtype != dtypes.float64 else x
-    mean = xf.mean(axes, keepdim=True)
+    mean = _mean(xf, axes, True)
     d = xf - mean
-    invstd = ((d * d).mean(axes, keepdim=True) + n.get("epsilon", 1e-5)).rsqrt()
+    invstd = (_mean(d * d, axes, True) + n.get("epsilon", 1e-5)).rsqrt()
     y = (d * invstd).cast(x.dtype) * scale
     if bias is not None:
         y = y + bias
@@ -560,7 +608,7 @@ def _reduce(kind: str, axes_input_since: int):  # noqa: ANN202
         if kind == "ReduceSum":
             return x.sum(ax, keepdim=keep)
         if kind == "ReduceMean":
-            return x.mean(ax, keepdim=keep)
+            return _mean(x, ax, keep)
         if kind == "ReduceMax":
             return x.max(ax, keepdim=keep)
         if kind == "ReduceMin":
@@ -582,6 +630,20 @@ def _reduce(kind: str, axes_input_since: int):  # noqa: ANN202
         return out if keep else out.reshape(tuple([s for i, s in enumerate(out.shape) if i not in ax]))
 
     return run
+
+
+def _mean(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
+    """Tensor.mean, whose count (the tensor's size over the result's) is a division of one symbolic size by another
+    where another axis is symbolic: here the count is the product of the reduced axes, concrete ones."""
+    if all(isinstance(s, int) for s in x.shape):
+        return x.mean(axes, keepdim=keep)
+    count = math.prod(x.shape[a] for a in axes)
+    if not isinstance(count, int):
+        raise NotSymbolic(f"a mean over the symbolic axes of {x.shape}")
+    is_float = dtypes.is_float(x.dtype)  # (as Tensor.mean: half types summed and divided in float32)
+    out = x.sum(axes, keepdim=keep, acc_dtype=sum_acc_dtype(x.dtype) if is_float else None)
+    wide = out.cast(least_upper_dtype(out.dtype, dtypes.float32))
+    return wide.div(count).cast(x.dtype if is_float else dtypes.float32)
 
 
 def _prod(x: Tensor, axes: tuple[int, ...], keep: bool) -> Tensor:
@@ -640,21 +702,37 @@ def _cumsum(n: Node) -> Tensor:
 # ***** shapes and data movement *****
 
 
-def _known(n: Node, value: np.ndarray) -> Tensor:
-    """A tensor of host-known values: later shape-reading ops read the host copy, no kernel runs."""
+def _known(n: Node, value: np.ndarray, dtype: Optional[DType] = None) -> Tensor:
+    """A tensor of host-known values: later shape-reading ops read the host copy, no kernel runs. A copy that holds
+    symbolic sizes (an object array, while walking with symbolic shapes) gets a tensor of `dtype` (int64 by default)
+    computed from its Variables."""
+    if isinstance(value, (SymNode, int)):  # (one element taken from a host copy that holds symbolic sizes)
+        value = np.array(value, dtype=object)
+    elif isinstance(value, np.generic):  # (one element, of its dtype: a numpy scalar would become a Python number's)
+        value = np.asarray(value)
+    if value.dtype == object:
+        if (value := dynamic.normalize(value)).dtype == object:
+            return n.known.put(dynamic.known_tensor(value, n.device, dtype or dtypes.int64), value)
+        value = value.astype((dtype or dtypes.int64).np)
     return n.known.put(to_tensor(value, n.device), value)
+
+
+def _shape_array(sizes: object) -> np.ndarray:
+    """Sizes as a host copy: int64, or an object array where one is symbolic."""
+    items = sizes if isinstance(sizes, (tuple, list)) else [sizes]
+    return np.array(sizes, dtype=object if any(isinstance(s, SymNode) for s in items) else np.int64)
 
 
 @op("Shape", 1, 15)
 def _shape(n: Node) -> Tensor:
     shape = n[0].shape
     start, end = n.get("start", 0), n.get("end", len(shape))
-    return _known(n, np.array(shape[slice(start, end)], dtype=np.int64))
+    return _known(n, _shape_array(list(shape[slice(start, end)])), dtypes.int64)
 
 
 @op("Size", 1)
 def _size(n: Node) -> Tensor:
-    return _known(n, np.array(math.prod(n[0].shape), dtype=np.int64))
+    return _known(n, _shape_array(math.prod(n[0].shape)), dtypes.int64)
 
 
 @op("Constant", 1, 9, 11, 12, 13)
@@ -679,8 +757,13 @@ def _constant(n: Node) -> Tensor:
 def _constant_of_shape(n: Node) -> Tensor:
     from onnx import numpy_helper
 
-    shape = n.ints(0)
+    shape = n.sints(0)
     value = numpy_helper.to_array(n.attrs["value"]) if "value" in n.attrs else np.zeros(1, np.float32)
+    if any(isinstance(s, SymNode) for s in shape):  # (a symbolic shape: the value broadcast on the device)
+        if any(isinstance(s, SymNode) and s.min < 0 for s in shape):
+            raise NotSymbolic(f"ConstantOfShape of {shape}: a size may be negative")
+        one = to_tensor(value.reshape(-1)[:1].copy(), n.device)
+        return one.reshape((1,) * len(shape)).expand(tuple(shape))
     return _known(n, np.full(shape, value.reshape(-1)[0], dtype=value.dtype))
 
 
@@ -691,7 +774,10 @@ def _cast(n: Node) -> Tensor:
     to, x = n.get("to"), lowbit.carrier(n[0])
     if to in lowbit.LOWBIT:
         return lowbit.cast_to(x, lowbit.LOWBIT[to], *lowbit.cast_options(n))
-    return x.cast(onnx_to_dtype(to, n.op_type, n.opset))
+    dt = onnx_to_dtype(to, n.op_type, n.opset)
+    if dt in (dtypes.int32, dtypes.int64) and (v := _shape_like(n, n[0])) is not None:
+        return _known(n, v if v.dtype == object else v.astype(dt.np), dt)  # (shape arithmetic stays on the host)
+    return x.cast(dt)
 
 
 @op("CastLike", 15)
@@ -706,17 +792,19 @@ def _castlike(n: Node) -> Tensor:
 
 @op("Reshape", 5, 14)
 def _reshape(n: Node) -> Tensor:
-    x, shape = n[0], n.ints(1)
+    x, shape = n[0], n.sints(1)
+    if any(isinstance(s, SymNode) and s.min < 1 for s in shape):  # (0 copies a size, -1 infers one: not symbolic)
+        raise NotSymbolic(f"Reshape to {shape}: a symbolic size may be 0 or negative")
     if not n.get("allowzero", 0):
-        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-    return x.reshape(shape)
+        shape = [x.shape[i] if isinstance(s, int) and s == 0 else s for i, s in enumerate(shape)]
+    return dynamic.same_size(n, x, x.reshape(shape))
 
 
 @op("Flatten", 1, 9, 11, 13)
 def _flatten(n: Node) -> Tensor:
     x = n[0]
     axis = norm_axis(n.get("axis", 1), x.ndim)
-    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+    return dynamic.same_size(n, x, x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
 @op("Transpose", 1)
@@ -733,9 +821,9 @@ def _axes(n: Node, input_since: int) -> Optional[list[int]]:
 def _squeeze(n: Node) -> Tensor:
     x, axes = n[0], _axes(n, 13)
     if axes is None:
-        return x.reshape(tuple([s for s in x.shape if s != 1]))
+        return _reshape_known(n, x, tuple([s for s in x.shape if s != 1]))
     ax = {norm_axis(a, x.ndim) for a in axes}
-    return x.reshape(tuple([s for i, s in enumerate(x.shape) if i not in ax]))
+    return _reshape_known(n, x, tuple([s for i, s in enumerate(x.shape) if i not in ax]))
 
 
 @op("Unsqueeze", 1, 11, 13)
@@ -743,7 +831,14 @@ def _unsqueeze(n: Node) -> Tensor:
     x, axes = n[0], _axes(n, 13)
     rank = x.ndim + len(axes)
     ax, dims = sorted(norm_axis(a, rank) for a in axes), iter(x.shape)
-    return x.reshape(tuple([1 if i in ax else next(dims) for i in range(rank)]))
+    return _reshape_known(n, x, tuple([1 if i in ax else next(dims) for i in range(rank)]))
+
+
+def _reshape_known(n: Node, x: Tensor, shape: tuple) -> Tensor:
+    """x reshaped; a host copy of its values goes along where it is a shape (a few integers)."""
+    if (v := _shape_like(n, x)) is not None:
+        return _known(n, v.reshape(shape), x.dtype)
+    return x.reshape(shape)
 
 
 @op("Concat", 4)
@@ -751,7 +846,7 @@ def _concat(n: Node) -> Tensor:
     xs = [x for x in n.inputs if x is not None]
     axis = norm_axis(n.get("axis"), xs[0].ndim)
     if all(id(x) in n.known for x in xs):
-        return _known(n, np.concatenate([n.known[id(x)] for x in xs], axis))
+        return _known(n, np.concatenate([n.known[id(x)] for x in xs], axis), xs[0].dtype)
     return xs[0].cat(*xs[1:], dim=axis)
 
 
@@ -787,7 +882,11 @@ def _slice(n: Node) -> Tensor:
             st, en = min(max(st, 0), dim - 1), min(max(en, -1), dim - 1)
             index[a] = slice(st, None if en < 0 else en, sp)
     if id(x) in n.known:
-        return _known(n, n.known[id(x)][tuple(index)])
+        return _known(n, n.known[id(x)][tuple(index)], x.dtype)
+    if not all(isinstance(s, int) for s in x.shape):  # (indexing reads every size as a number: a shrink does not)
+        if any(i.step not in (None, 1) for i in index):
+            raise NotSymbolic(f"Slice with steps {steps} of a tensor of shape {x.shape}")
+        return x.shrink(tuple(None if i.start is None else (i.start, max(i.start, i.stop)) for i in index))
     return x[tuple(index)]
 
 
@@ -800,7 +899,7 @@ def _gather(n: Node) -> Tensor:
     x, idx = n[0], n[1]
     axis = norm_axis(n.get("axis", 0), x.ndim)
     if id(x) in n.known and id(idx) in n.known:
-        return _known(n, np.take(n.known[id(x)], n.known[id(idx)], axis=axis))
+        return _known(n, np.take(n.known[id(x)], n.known[id(idx)], axis=axis), x.dtype)
     flat = _gather_index(idx, x.shape[axis]).reshape(-1)
     out = x[(slice(None),) * axis + (flat,)]
     return out.reshape(tuple([*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]]))
@@ -815,11 +914,22 @@ def _gather_elements(n: Node) -> Tensor:
 
 @op("Expand", 8, 13)
 def _expand(n: Node) -> Tensor:
-    x, shape = n[0], n.ints(1)
+    x, shape = n[0], n.sints(1)
     rank = max(len(shape), x.ndim)
     xs = (1,) * (rank - x.ndim) + tuple(x.shape)
     target = [1] * (rank - len(shape)) + shape
-    return x.reshape(xs).expand(tuple(max(a, b) if min(a, b) == 1 else b for a, b in zip(xs, target)))
+    return x.reshape(xs).expand(tuple(_broadcast_size(a, b) for a, b in zip(xs, target)))
+
+
+def _broadcast_size(a: object, b: object) -> object:
+    """Expand's size of an axis of size a to b (numpy's broadcast); a symbolic size only against 1 or itself."""
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b) if min(a, b) == 1 else b
+    if isinstance(a, int) and a == 1:
+        return b
+    if (isinstance(b, int) and b == 1) or (isinstance(a, SymNode) and isinstance(b, SymNode) and a == b):
+        return a
+    raise NotSymbolic(f"Expand of a size {a} to {b}")
 
 
 @op("Tile", 6, 13)

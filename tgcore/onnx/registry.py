@@ -10,7 +10,9 @@ import numpy as np
 
 from tgcore.dtype import DType, dtypes
 from tgcore.onnx import lowbit
-from tgcore.onnx.errors import UnsupportedOp
+from tgcore.onnx.errors import NotSymbolic, UnsupportedOp
+from tgcore.shape.symbolic import Node as SymNode
+from tgcore.shape.symbolic import sint
 from tgcore.tensor import Tensor
 
 Result = Union[Tensor, None, Sequence[Optional[Tensor]]]
@@ -86,6 +88,9 @@ class Known(dict):
         # reads of computed values to the host (a shape, a condition or a count the graph's next steps depend on):
         # a graph that makes none runs the same kernels for any input values, so its kernels can be replayed
         self.computed_reads = 0
+        # walking with symbolic sizes (tgcore/onnx/dynamic.py): a host read of a computed value, or of a symbolic one
+        # as a number, raises NotSymbolic; host copies of shapes may hold symbolic sizes (object arrays)
+        self.symbolic: bool = getattr(args[0], "symbolic", False) if args else False
 
     def put(self, t: Tensor, value: np.ndarray) -> Tensor:
         self[id(t)] = value
@@ -124,13 +129,28 @@ class Node:
     def host_of(self, t: Tensor) -> np.ndarray:
         """Any tensor's values on the host, from its host copy when one is known."""
         if (v := self.known.get(id(t))) is not None:
+            if v.dtype == object:  # (symbolic sizes: only sints() reads them)
+                raise NotSymbolic(f"{self.op_type} reads a symbolic size as a number")
             return v
+        if self.known.symbolic:
+            raise NotSymbolic(f"{self.op_type} reads a computed value on the host")
         self.known.computed_reads += 1
         return to_numpy(t)
 
     def ints(self, i: int) -> Optional[list[int]]:
         v = self.host(i)
         return None if v is None else [int(e) for e in v.reshape(-1)]
+
+    def sints(self, i: int) -> Optional[list[sint]]:
+        """Input i's values as ints, or symbolic sizes where its host copy holds them (a shape read from a symbolic
+        tensor); for the inputs that say a shape (Reshape, Expand, ConstantOfShape)."""
+        t = self[i]
+        if t is None:
+            return None
+        v = self.known.get(id(t))
+        if v is None or v.dtype != object:
+            return self.ints(i)
+        return [e if isinstance(e, SymNode) else int(e) for e in v.reshape(-1)]
 
     def unsupported(self, why: str) -> UnsupportedOp:
         return UnsupportedOp(self.op_type, self.opset, why)
