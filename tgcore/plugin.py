@@ -190,7 +190,8 @@ class Renderer:
     vector_uops: bool = False
     # vector uops only: ALU ops besides VECTOR_ALU that this renderer computes on whole vectors (e.g. EXP2 in a
     # vectorized math routine); the optimizer upcasts elementwise kernels that use them. CMPLT, CMPEQ and WHERE, all
-    # three: float32 comparisons give masks (bool vectors) that WHERE selects by (codegen/uops.py)
+    # three: float32 comparisons give masks (bool vectors) that WHERE selects by; BITCAST: a float vector's bits as a
+    # uint vector and back, and SHL of those by a constant (codegen/uops.py, VECTOR_BITS)
     vector_math: tuple[Any, ...] = ()
     # CPU-style kernels (global_max None) only: the outermost global loop may run on several host threads. A kernel
     # that uses it gets ProgramSpec.thread_extent = n, and its last two DEFINE_VARs, "core_start" and "core_end",

@@ -32,7 +32,15 @@ from enum import Enum, auto
 from typing import Optional
 
 from tgcore.codegen.names import internal_prefix, kernel_identifier
-from tgcore.codegen.uops import VECTOR_ALU, VECTOR_DTYPES, VECTOR_SELECT, VECTOR_SELECT_DTYPE, has_vector_select
+from tgcore.codegen.uops import (
+    VECTOR_ALU,
+    VECTOR_DTYPES,
+    VECTOR_SELECT,
+    VECTOR_SELECT_DTYPE,
+    has_vector_select,
+    is_vector_bitcast,
+    is_vector_shift,
+)
 from tgcore.dtype import DType, dtypes
 from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
@@ -109,6 +117,18 @@ def dtype_of(op: LazyOp) -> DType:
     if op.op in (BinaryOps.CMPLT, BinaryOps.CMPEQ):
         return dtypes.bool
     return dtype_of(op.src[-1])
+
+
+def is_vector_bits_op(op: LazyOp) -> bool:
+    """Whether AST node `op` is a BITCAST between a float vector dtype and the uint of its bits, or an SHL of such a
+    uint by a constant smaller than its width: what a renderer listing them in `vector_math` computes on whole vectors
+    (codegen/uops.py)."""
+    if op.op is UnaryOps.BITCAST:
+        return is_vector_bitcast(dtype_of(op.src[0]), op.arg)
+    if op.op is BinaryOps.SHL:
+        amount = op.src[1]
+        return amount.op is BufferOps.CONST and is_vector_shift(dtype_of(op), amount.arg.val)
+    return False
 
 
 class OptOps(Enum):
@@ -825,6 +845,8 @@ class Kernel:
         its `vector_math` on operands of one dtype; comparisons, selects and masks cast to float32 on float32 vectors
         where it declares the three select ops."""
         math = self.opts.vector_math
+        if x.op in (UnaryOps.BITCAST, BinaryOps.SHL):
+            return x.op in math and is_vector_bits_op(x)
         if has_vector_select(math):
             if x.op in VECTOR_SELECT:
                 return dtype_of(x.src[-1]) == VECTOR_SELECT_DTYPE

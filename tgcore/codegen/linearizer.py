@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Union
 
-from tgcore.codegen.kernel import Kernel, _int, dtype_of, stride_order
+from tgcore.codegen.kernel import Kernel, _int, dtype_of, is_vector_bits_op, stride_order
 from tgcore.codegen.names import THREAD_BOUNDS, internal_prefix, variable_identifier
 from tgcore.codegen.uops import (
     VECTOR_ALU,
@@ -606,6 +606,11 @@ class Linearizer:
     def _vectorizable(self, dt: DType) -> bool:
         return self.width > 1 and dt in VECTOR_DTYPES
 
+    def _vector_bits(self, op: LazyOp) -> bool:
+        """Whether `op` is a BITCAST between float and uint vectors, or an SHL of a uint vector by a constant, that
+        this renderer computes on whole vectors (codegen/uops.py, VECTOR_BITS)."""
+        return self.width > 1 and op.op in self.vector_math and is_vector_bits_op(op)
+
     def lower(self, op: LazyOp) -> list[Value]:
         """The value of AST node `op` at the current position, one per group (each shared node is lowered once per
         scope)."""
@@ -629,6 +634,9 @@ class Linearizer:
                 # (a mask exists only where self.vector_select)
                 return [self._mask_to_float(v) if not isinstance(v, tuple) else
                         tuple(self.uop(kind, op.arg, (x,)) for x in v) for v in srcs[0]]  # fmt: skip
+            if kind is UOps.BITCAST and self._vector_bits(op):
+                return [self.uop(kind, op.arg.vec(self.width), (v,)) if not isinstance(v, tuple) else
+                        tuple(self.uop(kind, op.arg, (x,)) for x in v) for v in srcs[0]]  # fmt: skip
             return [tuple(self.uop(kind, op.arg, (x,)) for x in self._scalars(v)) for v in srcs[0]]
         dt = dtype_of(op)
         src_dts = [dtype_of(s) for s in op.src]
@@ -644,7 +652,7 @@ class Linearizer:
                     continue
             if (
                 (op.op in VECTOR_ALU or op.op in self.vector_math)
-                and self._vectorizable(dt)
+                and (self._vectorizable(dt) or self._vector_bits(op))
                 and all(d == dt for d in src_dts)
                 and any(not isinstance(v, tuple) for v in group)
             ):

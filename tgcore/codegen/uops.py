@@ -41,6 +41,9 @@ Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever
   (a lane as a scalar bool); it is never loaded, stored, cast or VECTORIZEd. (A cast of a mask to float32 is
   lowered as a WHERE between 1.0 and 0.0.)
 - DEFINE_ACC (every lane starts at the scalar arg) and PHI,
+- BITCAST (in `vector_math`) of a float32 (float64) vector to the uint32 (uint64) vector of its bits, and back: the
+  one way an integer vector (`VECTOR_BITS`) arises; on such a vector, SHL (in `vector_math`) by a VECTORIZE of one
+  CONST smaller than the lane's width in bits (so no lane shifts past it),
 besides VECTORIZE and GEP. Anything else (casts, comparisons, transcendental ops) stays scalar, through GEP.
 
 Every name a uop declares (and the kernel name a renderer receives) is an ASCII identifier that no other declaration
@@ -68,6 +71,19 @@ from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
 # what vectors are made of, and the ALU ops that take them (see the module docstring)
 VECTOR_DTYPES = (dtypes.float32, dtypes.float64)
 VECTOR_ALU = (BinaryOps.ADD, BinaryOps.SUB, BinaryOps.MUL, BinaryOps.DIV, UnaryOps.NEG)
+# the integer vectors a float vector's BITCAST gives, for a renderer whose `vector_math` lists BITCAST (and SHL)
+VECTOR_BITS = {dtypes.float32: dtypes.uint32, dtypes.float64: dtypes.uint64}
+
+
+def is_vector_bitcast(src: DType, dst: DType) -> bool:
+    """Whether a BITCAST from `src` to `dst` (scalar dtypes) may run on whole vectors: a float vector dtype to the
+    uint of its bits, or back."""
+    return VECTOR_BITS.get(src) == dst or VECTOR_BITS.get(dst) == src
+
+
+def is_vector_shift(dt: DType, amount: Any) -> bool:
+    """Whether SHL of `dt` (a scalar dtype) by the constant `amount` may run on whole vectors (VECTOR_BITS)."""
+    return dt in VECTOR_BITS.values() and isinstance(amount, int) and 0 <= amount < dt.itemsize * 8
 # the ops of a renderer's `vector_math` that take or give bool vectors (masks), and the one dtype they compare and
 # select: a comparison's mask has a lane per compared element, of that element's width in C's vector extensions
 VECTOR_SELECT = (BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)

@@ -276,8 +276,19 @@ class ClangRenderer(CStyleLanguage):
     fused_mulacc = True
     # float32 vectors: tg_exp2f<n>, float64 ones lane by lane through libm; MAX: tg_maxf<n> / tg_max<n>; SQRT:
     # tg_sqrtf<n> / tg_sqrt<n>; float32 comparisons give masks, int vectors of -1 (true) and 0 (the extensions'
-    # comparison result, tg_mask<n>), and WHERE selects bits by one (a ternary on vectors is C++ only)
-    vector_math = (UnaryOps.EXP2, BinaryOps.MAX, UnaryOps.SQRT, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
+    # comparison result, tg_mask<n>), and WHERE selects bits by one (a ternary on vectors is C++ only); a float
+    # vector's bits as a uint vector and back (BITCAST: a memcpy between the two vector types) and SHL of those by a
+    # constant (the extensions' <<), so that exp builds its powers of two in vector registers
+    vector_math = (
+        UnaryOps.EXP2,
+        BinaryOps.MAX,
+        UnaryOps.SQRT,
+        BinaryOps.CMPLT,
+        BinaryOps.CMPEQ,
+        TernaryOps.WHERE,
+        UnaryOps.BITCAST,
+        BinaryOps.SHL,
+    )
     # PACK blocks are arrays on the stack of the calling thread (8 MB for the main thread and, on Linux, Python's
     # others; a 128 KB block of a 2048 x 2048 matmul's right-hand input made it ~20% faster)
     scratch_max = 256 * 1024
@@ -379,6 +390,8 @@ class ClangRenderer(CStyleLanguage):
             return f"tg_max{'f' if dt == dtypes.float32 else ''}({srcs[0]}, {srcs[1]})"
         if op in (BinaryOps.CMPLT, BinaryOps.CMPEQ) and dt.count > 1:
             return f"(({self.render_dtype(dt)})({srcs[0]}{'<' if op is BinaryOps.CMPLT else '=='}{srcs[1]}))"
+        if op is BinaryOps.SHL and dt.count > 1:  # by a splat constant within the lane's width (codegen/uops.py)
+            return f"({srcs[0]}<<{srcs[1]})"
         if op is TernaryOps.WHERE and dt.count > 1:
             m, t = srcs[0], self.render_dtype(dtypes.bool.vec(dt.count))
             return f"(({self.render_dtype(dt)})((({t})({srcs[1]})&({m}))|(({t})({srcs[2]})&~({m}))))"

@@ -21,7 +21,7 @@ import struct
 import numpy as np
 
 from tg_llvm.compiler import host_vector_bytes, host_vector_registers
-from tgcore.codegen.uops import VECTOR_DTYPES, UOp, UOps
+from tgcore.codegen.uops import VECTOR_BITS, VECTOR_DTYPES, UOp, UOps
 from tgcore.dtype import ConstType, DType, PtrDType, bf16_round, dtypes, truncate
 from tgcore.ops import BinaryOps, Op, TernaryOps, UnaryOps
 from tgcore.plugin import Renderer
@@ -111,8 +111,10 @@ def reg_type(dt: DType) -> str:
     if dt.count != 1:
         if dt.scalar() == dtypes.bool:  # a float32 comparison's mask
             return f"<{dt.count} x i1>"
-        if dt.scalar() not in VECTOR_DTYPES:
-            raise NotImplementedError(f"the LLVM renderer has vector types of {VECTOR_DTYPES} only, got {dt}")
+        if dt.scalar() not in VECTOR_DTYPES and dt.scalar() not in VECTOR_BITS.values():
+            raise NotImplementedError(
+                f"the LLVM renderer has vector types of {VECTOR_DTYPES} and their bits only, got {dt}"
+            )
         return f"<{dt.count} x {reg_type(dt.scalar())}>"
     if (t := _REG.get(dt)) is None:
         raise NotImplementedError(f"the LLVM renderer has no type for dtype {dt}")
@@ -245,8 +247,18 @@ class LLVMRenderer(Renderer):
     vector_uops = True
     # whole-vector EXP2 (float32: the routine above on every lane), SQRT and MAX, float32 comparisons into <n x i1>
     # masks and selects by them: an elementwise kernel of these is vector code as rendered, and the compiler skips
-    # LLVM's loop vectorizer for it (a third of its compile time)
-    vector_math = (UnaryOps.EXP2, UnaryOps.SQRT, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
+    # LLVM's loop vectorizer for it (a third of its compile time); a float vector's bits as an integer vector and back
+    # (BITCAST) and SHL of those by a constant, so that exp builds its powers of two in vector registers
+    vector_math = (
+        UnaryOps.EXP2,
+        UnaryOps.SQRT,
+        BinaryOps.MAX,
+        BinaryOps.CMPLT,
+        BinaryOps.CMPEQ,
+        TernaryOps.WHERE,
+        UnaryOps.BITCAST,
+        BinaryOps.SHL,
+    )
 
     def __init__(self) -> None:
         self.vector_widths = {dt: host_vector_bytes() // dt.itemsize for dt in VECTOR_DTYPES}
@@ -394,6 +406,8 @@ class _FunctionWriter:
         return out if wide == reg_type(dst) else self.emit(f"trunc {wide} {out} to {reg_type(dst)}")
 
     def bitcast(self, x: str, src: DType, dst: DType) -> str:
+        if src.count > 1:  # a float vector and the integer vector of its bits (codegen/uops.py, VECTOR_BITS)
+            return self.emit(f"bitcast {reg_type(src)} {x} to {reg_type(dst)}")
         if src.itemsize != dst.itemsize:
             raise NotImplementedError(f"the LLVM renderer cannot bitcast {src} to {dst}: the sizes differ")
         bits_ty = _BITS_TYPE[src.itemsize]
@@ -438,6 +452,8 @@ class _FunctionWriter:
                 return self.emit(f"fcmp {'olt' if op is BinaryOps.CMPLT else 'oeq'} {operand} {srcs[0]}, {srcs[1]}")
             if op is TernaryOps.WHERE:  # by a mask
                 return self.emit(f"select {reg_type(src_dts[0])} {srcs[0]}, {ty} {srcs[1]}, {ty} {srcs[2]}")
+            if op is BinaryOps.SHL:  # a float vector's bits, by a splat constant within the lane's width
+                return self.emit(f"shl {ty} {srcs[0]}, {srcs[1]}")
             raise NotImplementedError(f"the LLVM renderer has no vector {op}")
         if op is TernaryOps.WHERE:
             cond = srcs[0] if src_dts[0] == dtypes.bool else self.cast(srcs[0], src_dts[0], dtypes.bool)
