@@ -243,27 +243,55 @@ def test_more_operators_take_a_symbolic_batch() -> None:
     assert walks[0] == 2 and len(_symbolic(model)) == 1, model.symbolic_fallback
 
 
-# ***** what falls back, rightly *****
-
-
-def test_range_of_a_symbolic_size_falls_back_to_each_shape() -> None:
-    """Range(0, batch) makes a tensor whose size is the value: not symbolic; each batch size is recorded on its own
-    and each is right."""
+def test_a_range_of_the_batch_size_and_a_causal_mask_are_symbolic() -> None:
+    """Range(0, batch) has a symbolic length; Trilu over symbolic rows and columns, a Softmax over the symbolic axis
+    and a MatMul whose inner size is symbolic reduce over it."""
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
         helper.make_node("Range", ["zero", "b", "one"], ["r"]),
         helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
         helper.make_node("Unsqueeze", ["rf", "ax1"], ["ru"]),
-        helper.make_node("Mul", ["x", "ru"], ["y"]),
+        helper.make_node("Mul", ["x", "ru"], ["xr"]),  # (batch, 3): row i times i
+        helper.make_node("Transpose", ["xr"], ["xt"]),
+        helper.make_node("MatMul", ["xr", "xt"], ["g"]),  # (batch, batch)
+        helper.make_node("Trilu", ["g"], ["low"], upper=0),
+        helper.make_node("Softmax", ["low"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "xr"], ["y"]),  # (batch, 3): an inner size of batch
     ]
     inits = {"i0": np.array(0, np.int64), "zero": np.array(0, np.int64), "one": np.array(1, np.int64),
              "ax1": np.array([1], np.int64)}  # fmt: skip
-    proto = _model(nodes, [_vi("x", ["batch", 3])], [_vi("y", ["batch", 3])], inits)
+    proto = _model(
+        nodes, [_vi("x", ["batch", 3])], [_vi("y", ["batch", 3]), _vi("r", ["batch"], TensorProto.INT64)], inits
+    )
+    model, walks = _check(proto, [2, 3, 1, 5, 3], lambda n: {"x": _f32(n, 3)})
+    assert walks[0] == 2 and len(_symbolic(model)) == 1, model.symbolic_fallback
+
+
+# ***** what falls back, rightly *****
+
+
+def test_an_operator_not_known_to_take_symbolic_sizes_falls_back() -> None:
+    """Tile is not among the operators that take symbolic sizes: each batch size is recorded on its own, each right."""
+    nodes = [helper.make_node("Tile", ["x", "reps"], ["t"]), helper.make_node("Neg", ["t"], ["y"])]
+    proto = _model(nodes, [_vi("x", ["batch", 3])], [_vi("y", [None, 6])], {"reps": np.array([1, 2], np.int64)})
     model, walks = _check(proto, [2, 3, 2, 2, 5], lambda n: {"x": _f32(n, 3)})
-    assert "Range" in str(model.symbolic_fallback) and not _symbolic(model)
-    # (the symbolic walk that meets Range; then 2, 3: walked; 2: recorded; 2: replayed; 5: walked)
+    assert "Tile" in str(model.symbolic_fallback) and not _symbolic(model)
+    # (the symbolic walk that meets Tile; then 2, 3: walked; 2: recorded; 2: replayed; 5: walked)
     assert len(model._replays) == 3 and walks[0] == 5
+
+
+def test_a_symbolic_size_read_as_a_number_falls_back() -> None:
+    """Slice's ends read on the host as ints: a symbolic size there is a number only at one size."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "one"], ["b"]),
+        helper.make_node("Slice", ["x", "zero", "b", "one"], ["y"]),  # x[:, :batch]
+    ]
+    inits = {"zero": np.array([0], np.int64), "one": np.array([1], np.int64)}
+    proto = _model(nodes, [_vi("x", ["batch", 8])], [_vi("y", ["batch", None])], inits)
+    model, _ = _check(proto, [2, 5, 2, 2, 3], lambda n: {"x": _f32(n, 8)})
+    assert "Slice reads a symbolic size as a number" in str(model.symbolic_fallback) and not _symbolic(model)
 
 
 def test_a_size_inferred_by_a_floor_division_falls_back() -> None:

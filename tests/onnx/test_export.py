@@ -1,9 +1,12 @@
 """Models exported from torch (torch.onnx with onnxscript, the dynamo exporter) run on tgcore.onnx and match torch:
 a small ResNet (convolutions, BatchNorm folded by the exporter, residual adds, pooling, Gemm) and a two-layer causal
 transformer language model (embeddings, LayerNormalization, scaled dot-product attention, GELU); exported with a
-dynamic batch dimension, each runs every batch size from one recording."""
+dynamic batch dimension (the transformer also with a dynamic sequence length), each runs every size from one
+recording."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -74,8 +77,11 @@ class _LM(nn.Module):
         return self.head(self.ln(x))
 
 
-def _export(model: nn.Module, example: torch.Tensor, dynamic_batch: bool = False):  # noqa: ANN202
-    shapes = ({0: torch.export.Dim("batch", min=1, max=64)},) if dynamic_batch else None
+def _export(model: nn.Module, example: torch.Tensor, dynamic: Optional[dict[int, str]] = None):  # noqa: ANN202
+    """The ONNX model; `dynamic` names the example's dynamic axes ({0: "batch"}), which become dim_params."""
+    shapes = (
+        ({a: torch.export.Dim(name, min=2 if a else 1, max=64) for a, name in dynamic.items()},) if dynamic else None
+    )
     return torch.onnx.export(model, (example,), dynamo=True, verbose=False, dynamic_shapes=shapes).model_proto
 
 
@@ -133,13 +139,27 @@ def _lm() -> tuple[nn.Module, torch.Tensor]:
     return _LM().eval(), torch.randint(0, 100, (2, 16))
 
 
-@pytest.mark.parametrize("make", [_resnet, _lm], ids=["resnet", "transformer"])
-def test_exported_with_a_dynamic_batch_one_recording_serves_each_size(make) -> None:  # noqa: ANN001
-    """torch exports the batch as a dim_param (and its attention's reshapes as Shape -> Slice -> Concat chains):
-    batch 3, then 1, 3 and 1 again match torch, and the graph is walked twice in all (a plain run, the recording)."""
+def _lm_prompt() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return _LM().eval(), torch.randint(0, 100, (1, 8))
+
+
+@pytest.mark.parametrize(
+    "make, dynamic, shapes",
+    [
+        (_resnet, {0: "batch"}, [(3, 3, 32, 32), (1, 3, 32, 32)]),
+        (_lm, {0: "batch"}, [(3, 16), (1, 16)]),
+        (_lm_prompt, {1: "seq"}, [(1, 5), (1, 16)]),  # (positions from a Range of it, a causal mask of its size)
+    ],
+    ids=["resnet-batch", "transformer-batch", "transformer-seq"],
+)
+def test_exported_with_a_dynamic_axis_one_recording_serves_each_size(make, dynamic, shapes) -> None:  # noqa: ANN001
+    """torch exports a dynamic axis as a dim_param (and the reshapes that read it as Shape -> Slice -> Concat chains):
+    each of two sizes, then each again, matches torch, and the graph is walked twice in all (a plain run, the
+    recording)."""
     model, example = make()
-    proto = _export(model, example, dynamic_batch=True)
-    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    proto = _export(model, example, dynamic)
+    assert [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim if d.dim_param]
     onnx_model = OnnxModel(proto)
     walks = [0]
     run = onnx_model._run
@@ -150,9 +170,8 @@ def test_exported_with_a_dynamic_batch_one_recording_serves_each_size(make) -> N
 
     onnx_model._run = counting
     name, out = onnx_model.input_names[0], onnx_model.output_names[0]
-    for batch in (3, 1, 3, 1):
-        x = example[:1].repeat(batch, *([1] * (example.ndim - 1)))
-        x = torch.randn_like(x) if x.is_floating_point() else torch.randint_like(x, 0, 100)
+    for shape in shapes + shapes:
+        x = torch.randn(shape) if example.is_floating_point() else torch.randint(0, 100, shape)
         with torch.no_grad():
             want = model(x).numpy()
         got = onnx_model(**{name: x.numpy()})[out].numpy()

@@ -135,14 +135,7 @@ def _from_1(n: Node) -> Optional[str]:
 
 
 def _matmul(n: Node) -> Optional[str]:
-    a, b = n[0], n[1]
-    if a.ndim == 0 or b.ndim == 0:
-        return "a 0-d operand"
-    return _static(a, [a.ndim - 1]) or _static(b, [b.ndim - 2 if b.ndim >= 2 else 0])
-
-
-def _gemm(n: Node) -> Optional[str]:
-    return _static(n[0], [0 if n.get("transA", 0) else 1])
+    return "a 0-d operand" if n[0].ndim == 0 or n[1].ndim == 0 else None
 
 
 def _maxpool(n: Node) -> Optional[str]:
@@ -162,9 +155,9 @@ def _last_axes(n: Node) -> Optional[str]:  # LayerNormalization
 
 def _softmax(n: Node) -> Optional[str]:
     x = n[0]
-    if n.opset < 13:
+    if n.opset < 13:  # (the input read as 2-D: its second size a division of symbolic sizes)
         return _static(x, range(norm_axis(n.get("axis", 1), x.ndim), x.ndim))
-    return _static(x, [norm_axis(n.get("axis", -1), x.ndim)])
+    return _static(x, [norm_axis(n.get("axis", -1), x.ndim)]) if n.op_type == "Hardmax" else None
 
 
 def _axis(n: Node) -> Optional[str]:  # ArgMax, ArgMin, Split
@@ -221,10 +214,6 @@ def _gather(n: Node) -> Optional[str]:
     return _static(x, [norm_axis(n.get("axis", 0), x.ndim)])
 
 
-def _trilu(n: Node) -> Optional[str]:
-    return _static(n[0], [n[0].ndim - 2, n[0].ndim - 1])
-
-
 def _prelu(n: Node) -> Optional[str]:
     x = n[0]
     return _static(x, [1, x.ndim - 1]) if x.ndim >= 2 else None
@@ -252,7 +241,7 @@ _RULES: dict[str, Callable[[Node], Optional[str]]] = {
     **{name: _since_7 for name in ("Add", "Sub", "Mul", "Div", "Pow")},
     "PRelu": _prelu,
     "MatMul": _matmul,
-    "Gemm": _gemm,
+    "Gemm": _ok,
     "Conv": _from_1,
     "MaxPool": _maxpool,
     "AveragePool": _from_1,
@@ -282,7 +271,8 @@ _RULES: dict[str, Callable[[Node], Optional[str]]] = {
     "Concat": _concat,
     "Slice": _slice,
     "Gather": _gather,
-    "Trilu": _trilu,
+    "Trilu": _ok,
+    "Range": _ok,
 }  # fmt: skip
 
 
@@ -307,6 +297,40 @@ def same_size(n: Node, x: Tensor, out: Tensor) -> Tensor:
     if not (d == 0 if isinstance(d, int) else isinstance(d, NumNode) and d.b == 0):
         raise NotSymbolic(f"{n.op_type} of {x.shape} to {out.shape}: the sizes may differ at another size")
     return out
+
+
+def _monomial(s: sint) -> Optional[tuple[int, list[Variable]]]:
+    """A size as a number times Variables (with repeats), or None where it is not such a product."""
+    if isinstance(s, (int, NumNode)):
+        return int(s), []
+    if isinstance(s, Variable):
+        return 1, [s]
+    if isinstance(s, MulNode):
+        a, b = _monomial(s.a), _monomial(s.b)
+        return None if a is None or b is None else (a[0] * b[0], a[1] + b[1])
+    return None
+
+
+def infer_size(n: Node, x: Tensor, shape: list[sint]) -> list[sint]:
+    """A Reshape's shape with its -1 resolved where sizes are symbolic: x's size over the others', divided as products
+    of Variables (the core's floor division of one symbolic size by another gives up on products)."""
+    if -1 not in shape or all(isinstance(s, int) for s in (*x.shape, *shape)):
+        return shape
+    total, known = (
+        _monomial(math.prod(x.shape)),
+        _monomial(math.prod([s for s in shape if not isinstance(s, int) or s != -1])),
+    )
+    if total is None or known is None or known[0] == 0 or total[0] % known[0]:
+        raise NotSymbolic(f"Reshape of {x.shape} to {shape}: -1 is no whole product")
+    rest = list(total[1])
+    for v in known[1]:
+        if v not in rest:
+            raise NotSymbolic(f"Reshape of {x.shape} to {shape}: -1 is no whole product")
+        rest.remove(v)
+    size: sint = total[0] // known[0]
+    for v in rest:
+        size = size * v
+    return [size if isinstance(s, int) and s == -1 else s for s in shape]
 
 
 # ***** host copies of shapes that hold symbolic sizes *****
@@ -351,6 +375,13 @@ def known_tensor(value: np.ndarray, device: str, dtype: Any = None) -> Tensor:
     out = Tensor.stack(*parts) if len(parts) > 1 else parts[0].reshape(1)
     out = out.reshape(value.shape)
     return out if dtype is None or out.dtype == dtype else out.cast(dtype)
+
+
+def arange(size: sint, device: str, dtype: Any) -> Tensor:
+    """0, 1, ..., size - 1; for a symbolic size, the first `size` of a range as long as its bound."""
+    if isinstance(size, int):
+        return Tensor.arange(size, device=device, dtype=dtype)
+    return Tensor.arange(size.max, device=device, dtype=dtype).shrink(((0, size),))
 
 
 # ***** outputs *****

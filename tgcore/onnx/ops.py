@@ -797,7 +797,7 @@ def _reshape(n: Node) -> Tensor:
         raise NotSymbolic(f"Reshape to {shape}: a symbolic size may be 0 or negative")
     if not n.get("allowzero", 0):
         shape = [x.shape[i] if isinstance(s, int) and s == 0 else s for i, s in enumerate(shape)]
-    return dynamic.same_size(n, x, x.reshape(shape))
+    return dynamic.same_size(n, x, x.reshape(dynamic.infer_size(n, x, shape)))
 
 
 @op("Flatten", 1, 9, 11, 13)
@@ -939,10 +939,23 @@ def _tile(n: Node) -> Tensor:
 
 @op("Range", 11)
 def _range(n: Node) -> Tensor:
+    if any((v := n.known.get(id(n[i]))) is not None and v.dtype == object for i in range(3)):
+        return _symbolic_range(n)
     start, limit, delta = (n.host(i).item() for i in range(3))
     if n[0].dtype == dtypes.bfloat16:  # (numpy has no bfloat16: count in float32, round once)
         return Tensor(np.arange(start, limit, delta, dtype=np.float32), device=n.device).cast(dtypes.bfloat16)
     return Tensor(np.arange(start, limit, delta, dtype=n[0].dtype.np), device=n.device)
+
+
+def _symbolic_range(n: Node) -> Tensor:
+    """Range of integers whose limit (or start) is a symbolic size: a symbolic number of them, by a positive delta."""
+    start, limit, delta = (n.sints(i)[0] for i in range(3))  # type: ignore[index]
+    span = limit - start
+    if not dtypes.is_int(n[0].dtype) or not isinstance(delta, int) or delta < 1 or isinstance(span, int):
+        raise NotSymbolic(f"Range({start}, {limit}, {delta}) of {n[0].dtype}")
+    if span.min < 0:
+        raise NotSymbolic(f"Range({start}, {limit}, {delta}): its length may be negative")
+    return dynamic.arange((span + delta - 1) // delta, n.device, n[0].dtype) * delta + start
 
 
 @op("Pad", 2, 11, 13, 18, 19, 21)
@@ -1003,6 +1016,11 @@ def _dropout(n: Node) -> tuple:
 def _trilu(n: Node) -> Tensor:
     x = n[0]
     k = int(n.host(1).item()) if n[1] is not None else 0
+    if not all(isinstance(s, int) for s in x.shape[-2:]):  # (Tensor.triu counts rows and columns with numpy)
+        rows = dynamic.arange(x.shape[-2], n.device, dtypes.int32).reshape(-1, 1)
+        cols = dynamic.arange(x.shape[-1], n.device, dtypes.int32).reshape(1, -1)
+        keep = (cols - rows >= k) if n.get("upper", 1) else (cols - rows <= k)
+        return keep.where(x, 0).cast(x.dtype)
     return x.triu(k) if n.get("upper", 1) else x.tril(k)
 
 
