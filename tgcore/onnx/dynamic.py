@@ -11,10 +11,11 @@ Buffers of a symbolic size get room for the bound, so a tier keeps memory within
 shapes.
 
 Whether a graph can run symbolically is decided node by node as it is walked: an operator whose implementation reads
-no symbolic size as a number takes symbolic inputs under the conditions in `_RULES` (a reduction's axes, a matrix
-product's inner size, a convolution's channels and image stay concrete). Any other operator, a symbolic size read as a
-number, a host read of a computed value or an output that is not a plain tensor raises NotSymbolic, and the model runs
-the call with concrete shapes (a recording per input signature) instead."""
+no symbolic size as a number takes symbolic inputs under the conditions in `_RULES` (a convolution's channels and image,
+a mean's or a LayerNormalization's axes stay concrete). Any other operator, a symbolic size read as a number, a host
+read of a computed value or an output that is not a plain tensor raises NotSymbolic, and the model runs the call with
+concrete shapes (a recording per input signature) instead; so does any other error of the symbolic run, such as the
+core's refusal to index a kernel whose merged axis holds two symbolic sizes (a division by a symbolic size)."""
 
 from __future__ import annotations
 
