@@ -194,3 +194,15 @@ def test_conv_transpose_matches_reference(monkeypatch: pytest.MonkeyPatch, xs: t
     got = Tensor(x).conv_transpose2d(Tensor(w), Tensor(b), **kw).numpy()
     np.testing.assert_allclose(got, expect + b.reshape(1, -1, *([1] * nd)), rtol=1e-10, atol=1e-10)
     assert calls == ([] if any(d > 1 for d in dils) else [strides])
+
+
+@pytest.mark.parametrize("cin,stride,prepadded", [(3, 1, True), (16, 1, True), (3, 2, False), (32, 1, False)])
+def test_few_input_channels_read_a_padded_copy(cin: int, stride: int, prepadded: bool) -> None:
+    # a stride-1 conv of few input channels first copies its input padded (a kernel whose output has the padded
+    # shape), so the conv's windows read no padding masks; the results are the reference's either way
+    x, w = R.standard_normal((2, cin, 9, 8)).astype(np.float32), R.standard_normal((4, cin, 3, 3)).astype(np.float32)
+    out = Tensor(x).conv2d(Tensor(w), padding=(2, 1, 1, 0), stride=stride)  # (left, right, top, bottom)
+    shapes = [si.outputs[0].shape for si in out.schedule()]
+    assert ((2, cin, 10, 11) in shapes) == prepadded
+    ref = np_conv_grads(x, w, np.zeros(out.shape), stride, 1, [(1, 0), (2, 1)], 1)[0]
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
