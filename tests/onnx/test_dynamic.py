@@ -182,6 +182,18 @@ def test_inputs_sharing_a_dim_param_share_its_variable() -> None:
     assert walks[0] == 3 and len(model._replays) == 2  # (a recording of that signature of its own)
 
 
+def test_a_size_called_again_and_again_gets_kernels_of_its_own() -> None:
+    """Past dynamic.HOT_CALLS calls a size is recorded with its concrete shapes (the core does not yet optimize kernels
+    of a symbolic size); the symbolic recording still serves the other sizes, without a walk."""
+    from tgcore.onnx import dynamic
+
+    sizes = [4] * (dynamic.HOT_CALLS + 3) + [2, 7, 4, 1]
+    model, walks = _check(_mlp(), sizes, lambda n: {"x": _f32(n, 4)})
+    concrete = [k for k, r in model._replays.items() if k[0] != "symbolic" and r is not None]
+    assert len(_symbolic(model)) == 1 and [k[0][1] for k in concrete] == [(4, 4)]
+    assert walks[0] == 4  # (the symbolic recording: 2; size 4's own: 2)
+
+
 def test_a_size_past_the_bound_runs_with_concrete_shapes() -> None:
     """dynamic_max=4: sizes 1 to 4 share one recording, 6 gets a recording of its own shape."""
     model, walks = _check(_mlp(), [1, 3, 4, 2, 6, 6, 6, 2], lambda n: {"x": _f32(n, 4)}, dynamic_max=4)
@@ -322,3 +334,29 @@ def test_an_output_that_is_the_input_falls_back() -> None:
     proto = _model(nodes, [_vi("x", ["batch", 2])], [_vi("same", ["batch", 2]), _vi("neg", ["batch", 2])], {})
     model, _ = _check(proto, [1, 2, 3, 3, 3, 1], lambda n: {"x": _f32(n, 2)})
     assert "input" in str(model.symbolic_fallback)
+
+
+def test_two_symbolic_sizes_in_one_reduction_are_right() -> None:
+    """A LayerNormalization over (batch, seq, 8): whether the core runs it symbolically or not (a kernel whose merged
+    axis holds both sizes needs a division by a symbolic size), each call is right, and one that fails symbolically
+    is not tried symbolically again."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)]
+    proto = _model(
+        nodes, [_vi("x", ["batch", "seq", 8])], [_vi("y", ["batch", "seq", 8])], {"g": _f32(8), "b": _f32(8)}
+    )
+    model, walks = _check(proto, [1, 2, 3, 2, 2], lambda n: {"x": _f32(n, 5 - n, 8)})
+    assert walks[0] <= 6  # (symbolically: 2; else the failed symbolic walk, 1, 2, 3 walked, 2 recorded, 2 replayed)
+
+
+def test_an_index_out_of_range_at_a_replay_raises_and_the_recording_stays() -> None:
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)]
+    outputs = [_vi("y", ["batch", 3, 4])]
+    proto = _model(nodes, [_vi("ids", ["batch", 3], TensorProto.INT64)], outputs, {"table": _f32(10, 4)})
+    model, walks = _check(proto, [2, 3, 4], lambda n: {"ids": rng.integers(0, 10, (n, 3)).astype(np.int64)})
+    with pytest.raises(IndexError, match="out of bounds"):
+        model(ids=np.array([[1, 2, 30]], np.int64))
+    assert len(_symbolic(model)) == 1 and not model._not_symbolic
+    before = walks[0]
+    ids = np.array([[1, 2, 3]], np.int64)
+    np.testing.assert_array_equal(model(ids=ids)["y"].numpy(), ReferenceEvaluator(proto).run(None, {"ids": ids})[0])
+    assert walks[0] == before  # (replayed)

@@ -109,7 +109,8 @@ class OnnxModel:
 
     An input dimension declared without a value (a dim_param such as "batch") is a symbolic Variable: one recording of
     the graph's kernels serves every size of it from 1 to `dynamic_max` (sizes share a recording within tiers: 1-16,
-    17-32, 33-64, ...; see tgcore/onnx/dynamic.py). A graph that cannot run with symbolic sizes (`symbolic_fallback`
+    17-32, 33-64, ...; see tgcore/onnx/dynamic.py); a size called more than dynamic.HOT_CALLS times gets a recording of
+    its own, with kernels optimized for its shapes. A graph that cannot run with symbolic sizes (`symbolic_fallback`
     says why), a size past `dynamic_max`, or `dynamic_max=0` gets a recording per input shape instead."""
 
     def __init__(
@@ -168,6 +169,7 @@ class OnnxModel:
         self._dims = dynamic.input_dims(graph, self.input_names) if dynamic_max > 0 else {}
         self._not_symbolic: set[tuple[Any, ...]] = set()  # signatures (names, not sizes) that run concretely
         self.symbolic_fallback: Optional[str] = None  # why the last call that could not run symbolically did not
+        self._calls: dict[tuple[Any, ...], int] = {}  # calls by input signature (concrete sizes), for _hot
 
     def _as_tensor(self, name: str, value: Any) -> Any:
         """A tensor; a list (an ONNX sequence) of them; None (an empty optional)."""
@@ -200,7 +202,7 @@ class OnnxModel:
             raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
         given = {n: self._as_tensor(n, v) for n, v in feed.items()}
         if self.jit and JIT.value and all(isinstance(t, Tensor) and n in self.input_names for n, t in given.items()):
-            if not self._dims:
+            if not self._dims or self._hot(given):
                 return self._replayed(given)
             outs, unsure = self._symbolic_call(given)
             if outs is not None:
@@ -210,6 +212,18 @@ class OnnxModel:
                 self._not_symbolic.add(unsure)
             return outs
         return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
+
+    def _hot(self, given: dict[str, Tensor]) -> bool:
+        """Whether this input signature has a recording of its own shapes, or is called often enough to get one
+        (dynamic.HOT_CALLS): the core does not yet optimize a kernel of a symbolic size (no vectors, no unrolling),
+        so a size called again and again runs faster from kernels made for it."""
+        signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
+        if (replay := self._replays.get(signature)) is not None and replay.jit.cnt >= 2:
+            return True
+        if len(self._calls) >= 4096 and signature not in self._calls:  # (many sizes seen: forget the counts)
+            self._calls.clear()
+        self._calls[signature] = calls = self._calls.get(signature, 0) + 1
+        return calls > dynamic.HOT_CALLS
 
     def _replayed(self, given: dict[str, Tensor]) -> dict[str, Any]:
         """The outputs from the recording for this input signature (concrete shapes), or of a plain run."""

@@ -34,12 +34,26 @@ from tgcore.shape.symbolic import DivNode, ModNode, MulNode, NumNode, SumNode, V
 from tgcore.shape.symbolic import Node as SymNode
 from tgcore.tensor import Tensor
 
-__all__ = ["NotSymbolic", "DEFAULT_LIMIT", "input_dims", "bind", "check", "same_size", "known_tensor", "normalize"]
+__all__ = [
+    "NotSymbolic",
+    "DEFAULT_LIMIT",
+    "HOT_CALLS",
+    "input_dims",
+    "bind",
+    "check",
+    "same_size",
+    "known_tensor",
+    "normalize",
+]
 
 # sizes of a dynamic dimension above this run with concrete shapes (OnnxModel's dynamic_max)
 DEFAULT_LIMIT = 1024
 # the smallest tier: sizes 1 to 16 share one recording
 _MIN_TIER = 16
+# a size called more often than this gets a recording of its own shapes (OnnxModel._hot): the core's optimizer leaves
+# a kernel of a symbolic size as it is (no vectors, no unrolling, no split reduce), which costs a conv net ~10x on
+# CLANG, so the symbolic recording serves the sizes that come and go, and a size that stays gets kernels made for it
+HOT_CALLS = 3
 
 
 def input_dims(graph: Any, names: Sequence[str]) -> dict[str, tuple[Optional[str], ...]]:
