@@ -77,7 +77,7 @@ __all__ = [
     "plugin_module",
 ]
 
-PLUGIN_API_VERSION: tuple[int, int] = (2, 1)  # 2.1: the optional tg_collective hook
+PLUGIN_API_VERSION: tuple[int, int] = (2, 2)  # 2.1: the optional tg_collective hook; 2.2: Compiler.batch
 ENTRY_POINT_GROUP = "tgcore"
 
 hookspec = pluggy.HookspecMarker("tgcore")
@@ -267,32 +267,75 @@ class Compiler:
     # threads while it lowers the next, engine/realize.py); False: only ever one compile at a time, on the caller's
     # thread (a library that is not thread-safe)
     concurrent: bool = False
+    # at most this many sources go to one compile_many (1: every source compiles on its own). A compiler whose every
+    # run costs a fixed start (a C compiler's process: ~30 ms, as much as a small kernel's build) declares more, and
+    # the core then builds the new kernels of a schedule in groups (engine/realize.py compile_ahead)
+    batch: int = 1
 
     def compile(self, src: str) -> bytes:
         """The loadable bytes of `src`; a failed compile raises CompileError(message, log, src)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement compile")
 
+    def compile_many(self, srcs: list[str]) -> list[bytes]:
+        """The loadable bytes of each of `srcs` (2 to `batch` sources, the kernels' names all different), built in one
+        run: the bytes may be one library that holds every kernel, the same for each source (its Program finds its
+        kernel by name). A failed build raises CompileError; the core then compiles each source on its own, so that
+        the error is the failing kernel's. The default compiles them one by one."""
+        return [self.compile(src) for src in srcs]
+
     def compile_cached(self, src: str) -> bytes:
         """compile(src), remembered in memory and (when cachekey is set) in the sqlite disk cache."""
-        key = (self.cachekey or f"{type(self).__module__}.{type(self).__qualname__}", src)
-        if (lib := _compiled.get(key)) is not None:
+        if (lib := self._cached(src)) is not None:
             return lib
-        use_disk = self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0
-        if use_disk:
-            lib = diskcache_get(self.cachekey, src)
-        if lib is None:
-            try:
-                lib = self.compile(src)
-            except OSError as e:  # a plugin that let one through: its compiler (or a file it needs) is not there
-                raise CompileError(
-                    f"{type(self).__name__} could not compile ({type(e).__name__}: {e}): check that its compiler is "
-                    "installed and runs (`python -m tgcore devices` says what each device needs)",
-                    src=src,
-                ) from e
-            if use_disk:
-                diskcache_put(self.cachekey, src, lib)
-        _compiled[key] = lib
+        try:
+            lib = self.compile(src)
+        except OSError as e:  # a plugin that let one through: its compiler (or a file it needs) is not there
+            raise self._not_runnable(e, src) from e
+        self._remember(src, lib)
         return lib
+
+    def compile_cached_many(self, srcs: list[str]) -> list[bytes]:
+        """compile_cached of every source, those not cached built together by compile_many (at most `batch` of
+        them, their kernels' names all different). A failed build raises CompileError and remembers nothing."""
+        libs = [self._cached(src) for src in srcs]
+        missing = [i for i, lib in enumerate(libs) if lib is None]
+        if len(missing) == 1:
+            libs[missing[0]] = self.compile_cached(srcs[missing[0]])
+        elif missing:
+            try:
+                built = self.compile_many([srcs[i] for i in missing])
+            except OSError as e:
+                raise self._not_runnable(e, srcs[missing[0]]) from e
+            for i, lib in zip(missing, built):
+                self._remember(srcs[i], lib)
+                libs[i] = lib
+        return libs  # type: ignore[return-value]
+
+    def _cached(self, src: str) -> Optional[bytes]:
+        """What compile(src) gave before: remembered in this process, or in the disk cache."""
+        if (lib := _compiled.get((self._memory_key, src))) is not None:
+            return lib
+        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
+            if (lib := diskcache_get(self.cachekey, src)) is not None:
+                _compiled[(self._memory_key, src)] = lib
+            return lib
+        return None
+
+    def _remember(self, src: str, lib: bytes) -> None:
+        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
+            diskcache_put(self.cachekey, src, lib)
+        _compiled[(self._memory_key, src)] = lib
+
+    @property
+    def _memory_key(self) -> str:
+        return self.cachekey or f"{type(self).__module__}.{type(self).__qualname__}"
+
+    def _not_runnable(self, e: OSError, src: str) -> CompileError:
+        return CompileError(
+            f"{type(self).__name__} could not compile ({type(e).__name__}: {e}): check that its compiler is "
+            "installed and runs (`python -m tgcore devices` says what each device needs)",
+            src=src,
+        )
 
 
 # compiled programs of this process, by (compiler cachekey, source)

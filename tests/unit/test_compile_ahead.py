@@ -196,3 +196,94 @@ def test_a_compiler_that_is_not_concurrent_compiles_on_the_calling_thread(
     got, sources = _run("PYTHON", xn)
     assert compiled_on == [threading.current_thread().name] * len(sources)
     np.testing.assert_allclose(got, _expected(xn), rtol=1e-5)
+
+
+def _many(device: str, xn: np.ndarray) -> Tensor:
+    """Seven dependent kernels, of five names: elementwise ones over 2-, 3- and 4-d views, and a sum."""
+    x = Tensor(xn, device=device)
+    for i, shape in enumerate([(4, 36), (4, 36), (12, 12), (2, 6, 12), (2, 6, 12), (3, 4, 12)]):
+        x = (x.reshape(shape) * (i + 2) - 1).contiguous()
+    return x.reshape(4, 36).sum(axis=1)
+
+
+def _many_expected(xn: np.ndarray) -> np.ndarray:
+    x = xn.astype(np.float64)
+    for i in range(6):
+        x = x * (i + 2) - 1
+    return x.sum(axis=1)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_compiler_that_builds_several_at_once_gets_groups_of_distinct_names(
+    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    xn = np.linspace(-1, 1, 144, dtype=np.float32).reshape(4, 36)
+    compiler = Device[device].compiler
+    monkeypatch.setattr(compiler, "batch", 3)
+    monkeypatch.setenv("TGCORE_THREADS", "1")  # (groups of up to half the kernels a thread: here up to 3)
+    monkeypatch.setenv("DISABLE_PROGRAM_CACHE", "1")  # (every kernel lowered and compiled here)
+    sizes: list[int] = []
+    compile_cached_many = compiler.compile_cached_many
+
+    def recording(srcs: list[str]) -> list[bytes]:
+        sizes.append(len(srcs))
+        return compile_cached_many(srcs)
+
+    monkeypatch.setattr(compiler, "compile_cached_many", recording)
+    out = _many(device, xn)
+    schedule = out.schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    realize.run_schedule(schedule)
+    names = [realize.get_runner(device, si.ast).p.name for si in kernels]
+    assert len(kernels) == 7 and len(set(names)) < len(names)  # (some kernels share a name)
+    # groups of consecutive kernels, at most 3, names all different within one, every kernel in exactly one
+    start, expect = 0, []
+    while start < len(names):
+        end = start
+        while end < len(names) and end - start < 3 and names[end] not in names[start:end]:
+            end += 1
+        expect.append(end - start)
+        start = end
+    assert [s for s in expect if s > 1] == sizes
+    np.testing.assert_allclose(out.numpy(), _many_expected(xn), rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_a_group_that_fails_to_build_is_built_again_one_by_one(
+    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+) -> None:
+    xn = np.linspace(-1, 1, 144, dtype=np.float32).reshape(4, 36)
+    compiler = Device[device].compiler
+    monkeypatch.setattr(compiler, "batch", 3)
+    monkeypatch.setattr(compiler, "cachekey", None)  # (nothing from the disk cache: every kernel is built)
+    monkeypatch.setenv("TGCORE_THREADS", "1")
+    monkeypatch.setenv("DISABLE_PROGRAM_CACHE", "1")
+    groups: list[int] = []
+
+    def failing(srcs: list[str]) -> list[bytes]:
+        groups.append(len(srcs))
+        raise CompileError("made to fail: the group", log="error: made to fail", src=srcs[0])
+
+    monkeypatch.setattr(compiler, "compile_many", failing)
+    np.testing.assert_allclose(_many(device, xn).numpy(), _many_expected(xn), rtol=1e-5)
+    assert groups
+    # and a kernel that fails on its own too raises its error at its place, after the kernels before it ran
+    monkeypatch.setattr(realize, "_runner_cache", {})
+    monkeypatch.setattr(realize, "_runner_by_id", {})
+    monkeypatch.setattr(plugin, "_compiled", {})
+    out = _many(device, xn)
+    schedule = out.schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    bad = to_program(realize.get_kernel(Device[device].renderer, kernels[2].ast, device)).src
+    compile_cached = compiler.compile_cached
+
+    def failing_third(src: str) -> bytes:
+        if src == bad:
+            raise CompileError("cannot compile the third", log="error: made to fail", src=src)
+        return compile_cached(src)
+
+    monkeypatch.setattr(compiler, "compile_cached", failing_third)
+    with pytest.raises(CompileError, match="the third"):
+        realize.run_schedule(schedule)
+    assert all(o.realized is not None for si in kernels[:2] for o in si.outputs)
+    assert all(o.realized is None for si in kernels[2:] for o in si.outputs)

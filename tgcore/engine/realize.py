@@ -276,10 +276,11 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
     """Lower the schedule's kernels that have no runner yet, in order on this thread (Python: it holds the GIL), and
     compile each on compile_pool's threads as soon as it is lowered, so that the C compiler of one (a process of its
     own) runs while the next is lowered and several compile at once on several cores: on devices whose Compiler is
-    `concurrent` (the others' kernels compile in get_runner, one at a time). The runners go into the cache that
-    get_runner reads, in schedule order. A kernel that fails to lower or compile stops it: returned as (its index in
-    the schedule, the error), which run_schedule raises when it comes to that kernel, after the kernels before it
-    have run, as they would have one by one; the kernels after it are not loaded."""
+    `concurrent` (the others' kernels compile in get_runner, one at a time). A compiler that builds several sources in
+    one run (Compiler.batch) gets them in groups of up to that many, as each group is lowered. The runners go into the
+    cache that get_runner reads, in schedule order. A kernel that fails to lower or compile stops it: returned as (its
+    index in the schedule, the error), which run_schedule raises when it comes to that kernel, after the kernels
+    before it have run, as they would have one by one; the kernels after it are not loaded."""
     if BEAM >= 1:  # the search times every candidate on the device: one kernel at a time
         return None
     kernels = [(i, si) for i, si in enumerate(schedule) if si.ast.op is BufferOps.STORE]
@@ -300,8 +301,19 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
             pending.append((i, device, si.ast, key))
     if len(pending) < 2:  # nothing to overlap: get_runner compiles it when it is reached
         return None
-    pool = compile_pool(min(thread_count(), len(pending)))
-    jobs: list[tuple[int, str, tuple[Any, ...], ProgramSpec, Future[bytes]]] = []
+    threads = min(thread_count(), len(pending))
+    pool = compile_pool(threads)
+    # groups of a compiler's `batch` kernels build in one run, but never so few groups that a core idles
+    group_size = max(1, -(-len(pending) // (2 * threads)))
+    jobs: list[tuple[int, str, tuple[Any, ...], ProgramSpec, Future[list[Any]], int]] = []
+    group: list[tuple[int, str, tuple[Any, ...], ProgramSpec]] = []
+
+    def submit_group() -> None:
+        if group:
+            job = pool.submit(_compile_group, Device[group[0][1]].compiler, [spec.src for *_, spec in group])
+            jobs.extend((*entry, job, k) for k, entry in enumerate(group))
+            group.clear()
+
     failed: Optional[tuple[int, Exception]] = None
     for i, device, ast, key in pending:
         try:
@@ -309,14 +321,41 @@ def compile_ahead(schedule: list[Any]) -> Optional[tuple[int, Exception]]:
         except Exception as e:
             failed = (i, e)
             break
-        jobs.append((i, device, key, spec, pool.submit(Device[device].compiler.compile_cached, spec.src)))
-    for i, device, key, spec, job in jobs:
+        size = min(Device[device].compiler.batch, group_size)
+        if group and (group[0][1] != device or any(g[3].name == spec.name for g in group)):
+            submit_group()  # (a group is one device's, and its kernels' names differ)
+        group.append((i, device, key, spec))
+        if len(group) >= size:
+            submit_group()
+    submit_group()
+    for i, device, key, spec, job, k in jobs:
         try:
-            runner = CompiledRunner(device, spec, job.result())
+            lib = job.result()[k]
+            if isinstance(lib, Exception):
+                raise lib
+            runner = CompiledRunner(device, spec, lib)
         except Exception as e:  # (an earlier kernel than a lowering failure: it comes first)
             return i, e
         _runner_cache[key] = runner
     return failed
+
+
+def _compile_group(compiler: Any, srcs: list[str]) -> list[Any]:
+    """The compiled bytes of each source, or the error that compiling it alone raised: built together where the
+    compiler takes several at once (Compiler.batch), else one by one; a failed group is built again one by one, so
+    that each error is its own kernel's and the others still build."""
+    if len(srcs) > 1:
+        try:
+            return compiler.compile_cached_many(srcs)
+        except Exception:  # (its kernels again, alone: the error is the one that fails)
+            pass
+    out: list[Any] = []
+    for src in srcs:
+        try:
+            out.append(compiler.compile_cached(src))
+        except Exception as e:
+            out.append(e)
+    return out
 
 
 @dataclass

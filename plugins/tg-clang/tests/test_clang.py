@@ -75,6 +75,30 @@ def test_bad_source_raises_compile_error_with_log():
     assert "this is not C" in info.value.src
 
 
+def test_kernels_built_together_each_load_from_the_one_library():
+    # three kernels rendered for CLANG (their prelude once in the combined source): one shared object, in which each
+    # program finds its own kernel by name and computes what the kernel built alone computes
+    from tg_clang.runtime import ClangProgram
+
+    from tgcore.engine.realize import get_kernel
+
+    inputs = [np.linspace(-3, 3, n, dtype=np.float32) for n in (64, 48, 40)]
+    xs = [Tensor(a, device="CLANG").realize() for a in inputs]
+    ts = [xs[0] * 3, (xs[1] - 1).exp(), xs[2].sum()]
+    specs = [to_program(get_kernel(Device["CLANG"].renderer, t.schedule()[-1].ast, "CLANG")) for t in ts]
+    assert len({p.name for p in specs}) == 3
+    libs = ClangCompiler().compile_many([p.src for p in specs])
+    assert len(libs) == 3 and libs[0] == libs[1] == libs[2]
+    for spec, t, x in zip(specs, ts, xs):
+        out = Tensor.empty(*t.shape, device="CLANG").realize()
+        ClangProgram("CLANG", spec.name, libs[0])(out.lazydata.buffer._opaque, x.lazydata.buffer._opaque, wait=True)
+        np.testing.assert_allclose(out.numpy(), t.numpy(), rtol=1e-6)
+    # sources it did not render (no prelude) build one by one
+    plain = ["void tg_one(void **b, const long long *v) {}", "void tg_two(void **b, const long long *v) {}"]
+    one, two = ClangCompiler().compile_many(plain)
+    assert one != two
+
+
 def test_missing_compiler_is_a_clear_unavailable_reason():
     env = {**os.environ, "CC": "no-such-compiler-tg"}
     out = subprocess.run(

@@ -237,6 +237,8 @@ _HEADER = (
     + "".join(_max_vector(t, n) for t in ("float", "double") for n in _WIDTHS)
     + "".join(_lanewise_vector("sqrt", "sqrt", "x", _SQRT_X86, t, n) for t in ("float", "double") for n in _WIDTHS)
 )
+# what every kernel's source starts with: a source of several kernels has it once (ClangCompiler.compile_many)
+KERNEL_PRELUDE = _HEADER.rstrip("\n") + "\n"
 # the name each narrow float's routines go by: rounding a float to it, reading and writing its bits
 _ROUND = {dtypes.float16: "tg_round_half", dtypes.bfloat16: "tg_round_bf16"}
 _FROM_BITS = {dtypes.float16: "tg_h2f", dtypes.bfloat16: "tg_bf2f"}
