@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pytest
 
+import tgcore.tensor as tensor_module
 from tgcore import Device, Tensor, dtypes
 from tgcore.codegen.kernel import (
     BLOCK_REDUCE,
@@ -321,8 +322,11 @@ def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) 
 
 
 @pytest.mark.parametrize("lanes, registers", [(4, 16), (8, 16), (16, 32)])
-def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(lanes: int, registers: int) -> None:
+def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(
+    monkeypatch: pytest.MonkeyPatch, lanes: int, registers: int
+) -> None:
     # a conv's rows are neighbouring output positions (one element apart in its input): 16 of them on SSE and AVX2
+    monkeypatch.setattr(tensor_module, "CONV_PREPAD_CHANNELS", 0)  # (the padding's masked windows, not a padded copy)
     renderer = cpu_style_python_with_scratch(1 << 18)
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
     renderer.vector_registers = registers
@@ -335,9 +339,12 @@ def test_a_conv_tile_keeps_16_rows_of_neighbouring_positions(lanes: int, registe
 
 
 @pytest.mark.parametrize("lanes", [4, 8])  # SSE, AVX2: 16 vector registers
-def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(lanes: int) -> None:
+def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(
+    monkeypatch: pytest.MonkeyPatch, lanes: int
+) -> None:
     """With 16 registers a tile is two vectors wide where WIDE_ROWS rows divide its row axis (each broadcast row value
     feeds two FMAs), and one vector wide where they do not, or where the rows read a padded input."""
+    monkeypatch.setattr(tensor_module, "CONV_PREPAD_CHANNELS", 0)  # (the padding's masked windows, not a padded copy)
     renderer = cpu_style_python_with_scratch(1 << 18)
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
     renderer.vector_registers = 16
@@ -365,9 +372,12 @@ def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(lanes: int) 
 
 
 @pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
-def test_a_residual_added_after_a_conv_does_not_choose_its_vectors(lanes: int, registers: int) -> None:
+def test_a_residual_added_after_a_conv_does_not_choose_its_vectors(
+    monkeypatch: pytest.MonkeyPatch, lanes: int, registers: int
+) -> None:
     """The tile's column (vector) axis is the one the reduce's loads read whole vectors along: a shortcut added to
     the conv's output (read once per output, contiguous along the output's rows) leaves the tile as it is without it."""
+    monkeypatch.setattr(tensor_module, "CONV_PREPAD_CHANNELS", 0)  # (the padding's masked windows, not a padded copy)
     renderer = cpu_style_python_with_scratch(1 << 18)
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
     renderer.vector_registers = registers
