@@ -163,34 +163,24 @@ def cos(x: LazyBuffer) -> LazyBuffer:
     return _where(_eq(x, _c(x, 0.0)), one, _where(big, far, ratio))
 
 
-# tanh's Taylor coefficients of x^3, x^5, ..., x^19: 2^2n (2^2n - 1) B_2n / (2n)!
-_TANH_TAYLOR = (
-    -1 / 3,
-    2 / 15,
-    -17 / 315,
-    62 / 2835,
-    -1382 / 155925,
-    21844 / 6081075,
-    -929569 / 638512875,
-    6404582 / 10854718875,
-    -443861162 / 1856156927625,
-)
+# float32 tanh(a) = a + a z P(z), z = a^2, for a in [0, 0.55]: P of degree 4 fitted for the least largest relative error
+# of tanh there (4e-9 with these float32 coefficients; the Taylor series needs 9 terms for as little)
+_TANH_P = (-0.33333316445350647, 0.13332585990428925, -0.05385234206914902, 0.021071776747703552, -0.006274333689361811)
 
 
 @_in_float32_for_halves
 def tanh(x: LazyBuffer) -> LazyBuffer:
-    """tanh(|x|), signed: below 0.55 (tanh 0.5) the Taylor series in float32, -e / (e + 2) with e = expm1(-2|x|) in
+    """tanh(|x|), signed: below 0.55 (tanh 0.5) a polynomial in float32, -e / (e + 2) with e = expm1(-2|x|) in
     float64; else 1 - 2 / (e^(2|x|) + 1), where e's error is divided by e^(2|x|); x itself where |x| is tiny (and for
     +-0)."""
     neg = _lt(x, _c(x, 0.0))
     a = _where(neg, x.e(UnaryOps.NEG), x)
     if x.dtype == dtypes.float32:
-        # float32 (and the half floats, computed in it): below 0.55 the Taylor series, a + a z P(z) with z = a^2, whose
-        # 11th term is under 1e-9 of the sum there: no expm1 (its log has no vector routine), so a GELU stays vector
-        # code
+        # float32 (and the half floats, computed in it): below 0.55 a + a z P(z) with z = a^2 (_TANH_P): no expm1 (its
+        # log has no vector routine), so a GELU stays vector code
         z = _mul(a, a)
-        p = _c(x, _TANH_TAYLOR[-1])
-        for c in reversed(_TANH_TAYLOR[:-1]):
+        p = _c(x, _TANH_P[-1])
+        for c in reversed(_TANH_P[:-1]):
             p = _add(_mul(p, z), _c(x, c))
         near = _add(a, _mul(_mul(a, z), p))
     else:
