@@ -13,16 +13,21 @@ reduce has size 1 on the reduce axes. The axes come in this order:
 
 A lane reduce is fixed at construction, from the AST (and, for a MAX, whether the renderer has a vector MAX): a float
 SUM or MAX whose innermost reduce axis an input reads contiguously (n >= LANE_REDUCE_MIN, a multiple of
-REDUCE_LANES), not a contraction, has that axis viewed as (n / L, L) with L = REDUCE_LANES: lane l takes elements l,
-L + l, 2L + l, ... (L independent chains that fill a vector register; with outer reduce axes, a BatchNorm's sum over
-N, H and W, each lane runs through them too, outermost first), then the L lanes are combined from the first (for a
-compensated sum with their errors: codegen/linearizer.py). Every device and every optimization of the kernel sums in
-that order (a MAX's result has no order).
+REDUCE_LANES), not a contraction with a tile to make (Kernel._reuse_axes), has that axis viewed as (n / L, L) with
+L = REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent chains that fill a vector register; with
+outer reduce axes, a BatchNorm's sum over N, H and W, each lane runs through them too, outermost first), then the L
+lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). Every device and
+every optimization of the kernel sums in that order (a MAX's result has no order).
 
 Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
 axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
 elements in the order of the unoptimized kernel. `hand_coded_optimizations` chooses them from the AST and the
 Renderer's declared abilities only, so a kernel's optimized form is deterministic and cacheable.
+
+A symbolic size (a bound Variable's: a dynamic batch, a KV cache's length) is an axis of its own, never merged with
+another (one of size n * c, an integer c, is split into n and c), and stays a plain loop: no Opt upcasts, unrolls,
+splits or makes a workgroup axis of it, and no PACK or STAGE copies along it. The heuristics optimize the integer
+axes around it, so one compiled kernel is right for every value of the Variable.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from tgcore.helpers import prod
 from tgcore.ops import BinaryOps, BufferOps, LazyOp, ReduceOps, TernaryOps, UnaryOps
 from tgcore.renderer import Renderer
 from tgcore.shape.shapetracker import ShapeTracker
-from tgcore.shape.symbolic import NumNode, Variable, sint
+from tgcore.shape.symbolic import MulNode, NumNode, Variable, sint
 
 # the most lanes one loop iteration may carry: global upcasts, and everything (unrolled reduce lanes included)
 MAX_UPCAST = 256
@@ -211,6 +216,7 @@ class Kernel:
         self.reduce_lanes = 0  # a lane reduce: its lanes, the last upcast axis
         self.applied_opts: list[Opt] = []
         self._reduce_last()
+        self._split_products()
         self._merge_axes()
         self._split_lanes()
 
@@ -241,6 +247,11 @@ class Kernel:
     def output_shape(self) -> tuple[sint, ...]:
         return self.sts[self.ast].shape
 
+    def is_concrete(self, axis: int) -> bool:
+        """Whether `axis` has an integer size. A symbolic one (a bound Variable's: a dynamic batch, a KV cache's length)
+        stays a plain loop: it is never upcast, unrolled, split, made a workgroup axis, packed or staged."""
+        return isinstance(self.full_shape[axis], int)
+
     def is_reduce_axis(self, axis: int) -> bool:
         """True for a reduce loop, an unrolled reduce axis or the lanes of a lane reduce."""
         return self.output_shape[axis] != self.full_shape[axis]
@@ -265,6 +276,31 @@ class Kernel:
             self.sts = {k: st.permute(order) for k, st in self.sts.items()}
             self.full_shape = tuple(self.full_shape[i] for i in order)
 
+    def _split_products(self) -> None:
+        """Split an axis of a symbolic size n * c (c an integer: a dynamic batch merged with a sequence, batch * 16)
+        into (n, c) where every buffer can without a second view: the integer part becomes an axis the optimizer may
+        upcast or unroll."""
+        i = 0
+        while i < self.shape_len:
+            size = self.full_shape[i]
+            if not (isinstance(size, MulNode) and isinstance(size.b, int) and size.b > 1):
+                i += 1
+                continue
+            split = {}
+            for k, st in self.sts.items():
+                if st.shape[i] not in (size, 1):
+                    break
+                part = (size.a, size.b) if st.shape[i] == size else (1, 1)
+                new = st.reshape(st.shape[:i] + part + st.shape[i + 1 :])
+                if len(new.views) != len(st.views):
+                    break
+                split[k] = new
+            else:
+                self.n_reduce += i >= self.first_reduce
+                self.sts = split
+                self.full_shape = self.full_shape[:i] + (size.a, size.b) + self.full_shape[i + 1 :]
+            i += 1
+
     def _merge_axes(self) -> None:
         """Drop axes of size 1 and merge neighbouring axes every buffer can merge without a second view."""
         keep = [i for i, s in enumerate(self.full_shape) if s != 1]
@@ -275,6 +311,11 @@ class Kernel:
         i = 0
         while i < self.shape_len - 1:
             if (i < self.first_reduce) != (i + 1 < self.first_reduce):  # never merge a global with a reduce axis
+                i += 1
+                continue
+            # nor a symbolic size with another axis: merged into it, an integer axis could no longer be upcast or
+            # unrolled (a dynamic batch of images would take every image axis with it)
+            if not (self.is_concrete(i) and self.is_concrete(i + 1)):
                 i += 1
                 continue
             merged = {}
@@ -314,6 +355,14 @@ class Kernel:
         rows = [ld for ld in loads if ld not in vectors and self.stride_of(ld, self.first_reduce) == 1]
         return bool(outputs) and bool(vectors) and bool(rows)
 
+    def _reuse_axes(self) -> list[int]:
+        """The integer output axes along which an input is broadcast: the axes of a contraction's tile. A contraction
+        whose only such axis is symbolic (attention's scores over a KV cache of symbolic length: the query is reused
+        along the cache) has no tile to make, and runs as a lane reduce where it can."""
+        outputs = [a for a, s in enumerate(self.full_shape) if not self.is_reduce_axis(a) and s != 1]
+        loads = self.loads()
+        return [a for a in outputs if self.is_concrete(a) and any(self.stride_of(ld, a) == 0 for ld in loads)]
+
     def _split_lanes(self) -> None:
         """Make this a lane reduce where it is one (see the module docstring)."""
         if not self.n_reduce or self.upcasted or not self.reduceops:
@@ -326,7 +375,7 @@ class Kernel:
         n = self.full_shape[axis]
         if not isinstance(n, int) or n < LANE_REDUCE_MIN or n % lanes != 0:
             return
-        if self.is_contraction() and not self.is_matrix_vector():
+        if self.is_contraction() and not self.is_matrix_vector() and self._reuse_axes():
             return  # (a matmul or conv is tiled: each output of a tile reuses the loads of the others)
         if not any(self.stride_of(ld, axis) == 1 for ld in self.loads()):
             return  # (a reduce across rows: neighbouring outputs fill the vectors instead)
@@ -488,7 +537,10 @@ class Kernel:
         """The `candidates` that `leaf`'s index or validity depends on."""
         st = self.sts[leaf]
         axis = internal_prefix("_axis", (v.expr for v in st.vars()))  # unlike the name of a Variable of the user's
-        idxs = [Variable(f"{axis}{a}", 0, _int(s) - 1) if s != 1 else NumNode(0) for a, s in enumerate(self.full_shape)]
+        idxs = [
+            Variable(f"{axis}{a}", 0, (s if isinstance(s, int) else s.max) - 1) if s != 1 else NumNode(0)
+            for a, s in enumerate(self.full_shape)
+        ]
         idx, valid = st.expr_idxs(idxs)
         used = {v.expr for v in idx.vars()} | {v.expr for v in valid.vars()}
         return [a for a in candidates if f"{axis}{a}" in used]
@@ -500,13 +552,14 @@ class Kernel:
     def _stage(self, opt: Opt) -> None:
         _check(self.opts.has_shared and self.opts.global_max is not None, f"{opt}: the device has no shared memory")
         _check(self.local_dims > 0 and self.n_reduce > 0, f"{opt}: needs a workgroup and a reduce loop")
-        _check(all(isinstance(s, int) for s in self.full_shape), f"{opt}: the kernel has a symbolic size")
         loads = self.loads()
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
         _check(leaf not in self.staged, f"{opt}: that input is staged already")
         _check(not leaf.src, f"{opt}: a gathered input is read where its index says, not in a tile")
         local_axes = range(self.first_reduce - self.local_dims, self.first_reduce)
+        # (the loops outside the tile may be symbolic: the tile is copied at each of their steps)
+        _check(self.is_concrete(self.first_upcast - 1), f"{opt}: the innermost reduce loop has a symbolic size")
         axes = self.stage_axes(leaf)
         _check(any(a not in axes for a in local_axes), f"{opt}: no work item reuses what another loads")
         group = prod(_int(self.full_shape[a]) for a in local_axes)
@@ -520,7 +573,6 @@ class Kernel:
     def _pack(self, opt: Opt) -> None:
         scratch = self.opts.scratch_max
         _check(scratch > 0 and self.opts.global_max is None, f"{opt}: the device has no scratch memory for kernels")
-        _check(all(isinstance(s, int) for s in self.full_shape), f"{opt}: the kernel has a symbolic size")
         loads = self.loads()
         _check(opt.amount == 0 and 0 <= opt.axis < len(loads), f"{opt}: not an input of the kernel")
         leaf = loads[opt.axis]
@@ -528,6 +580,8 @@ class Kernel:
         _check(not leaf.src, f"{opt}: a gathered input is read where its index says, not in a block")
         _check(leaf.arg.idx != 0, f"{opt}: the kernel's output: a copy made early would miss the kernel's own writes")
         axes = self.pack_axes(leaf)
+        # (a symbolic loop the input does not depend on may run inside the copy: the block is the same at each step)
+        _check(all(self.is_concrete(a) for a in axes), f"{opt}: the block would span a symbolic size")
         _check(
             any(a < self.first_reduce and a not in axes for a in self.pack_loops()),
             f"{opt}: no global loop inside the copy reads the same elements again",
@@ -571,10 +625,11 @@ class Kernel:
 
     def hand_coded_optimizations(self) -> None:
         """Pick optimizations from the AST's shape and the renderer's abilities (deterministic)."""
-        if self.shape_len == 0 or not all(isinstance(s, int) for s in self.full_shape):
+        if self.shape_len == 0:
             return
         vw = self._vector_width()
-        globals_ = list(range(self.first_reduce))
+        # the global axes the heuristics may upcast: a symbolic one (a dynamic batch) stays a plain loop around them
+        globals_ = [a for a in range(self.first_reduce) if self.is_concrete(a)]
         if self.reduceops:
             self._optimize_reduce(globals_, vw)
         else:
@@ -681,13 +736,35 @@ class Kernel:
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
-        if self.n_reduce and not self.inner_globals:
+        if self.n_reduce and not self.inner_globals and self.is_concrete(self.first_upcast - 1):
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
         if pack_col is not None and not self.inner_globals:
             self._pack_gathered(pack_col)
+        if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1):
+            self._more_accumulators(vw, budget)
+
+    def _more_accumulators(self, vw: int, budget: int) -> None:
+        """CPU loops over a reduce whose innermost loop is symbolic (attention's weighted sum over a KV cache), which
+        cannot be unrolled: its vector accumulators are the only chains of FMAs that overlap. Where they are fewer
+        than MIN_ACCUMULATORS, more lanes along an integer global axis, the one the output is nearest along first (the
+        same rows of memory). (GPT-2's 12 heads x 64 over 400 positions, one AVX-512 core: 32 lanes 20 us, 4 x 32 lanes
+        17.5 us.)"""
+        lanes = prod(self.upcast_sizes)
+        if self.opts.global_max is not None or vw <= 1 or lanes % vw or self.is_reduce_axis(self.shape_len - 1):
+            return  # (a GPU's work items hide the latency: CPU loops only)
+        while (want := MIN_ACCUMULATORS * vw // lanes) >= 2:
+            choices = tuple(c for c in (8, 4, 2) if c <= want and c * lanes <= min(budget, MAX_UPCAST))
+            axes = [a for a in range(self.first_reduce - self.local_dims) if self.is_concrete(a)]
+            for axis in sorted(axes, key=lambda a: stride_order(self.stride_of(self.ast, a))):
+                amount = self._divisor(_int(self.full_shape[axis]), choices)
+                if amount and self._try(Opt(OptOps.UPCAST, axis, amount)):
+                    lanes *= amount
+                    break
+            else:
+                return
 
     def _wide_rows(self, row: Optional[int], col: int, col_amount: int, vw: int, budget: int) -> int:
         """With 16 vector registers (AVX2): the rows of a tile two vectors wide, WIDE_ROWS of them where one divides the
@@ -722,6 +799,8 @@ class Kernel:
         # up to 14 accumulators with 16 registers (one left for the column's vector, one for a broadcast row value)
         limit = (14 if self.opts.vector_registers < 32 else 24) // accumulators
         for axis in reversed(range(self.first_reduce)):  # (the innermost global axis first)
+            if not self.is_concrete(axis):
+                continue
             along = {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0}
             if not along - along_columns:  # (no column load is reused along it)
                 continue
@@ -777,6 +856,7 @@ class Kernel:
                 self.first_reduce - 2,
                 self.first_reduce - 1,
             )
+            or not self.is_concrete(self.first_reduce)
         ):
             return
         size, blocks = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
@@ -814,10 +894,13 @@ class Kernel:
         columns, unpacked, ran at 27 GFLOP/s on two AVX-512 cores; 16, packed, at 86-94; in blocks 32 wide, ~220.)"""
         if not self.opts.scratch_max or self.opts.global_max is not None or self.local_dims:
             return False
+        reduce_axes = range(self.first_reduce, self.first_reduce + self.n_reduce)
+        if not all(self.is_concrete(a) for a in reduce_axes):
+            return False  # (a block of a symbolic reduce has no size to fit the scratch memory)
         if self.first_reduce == 2 and self.n_reduce == 1 and self._hoist_refusal() is None:
             if _reduce_block(_int(self.full_shape[self.first_reduce])):
                 return True
-        steps = prod(_int(s) for s in self.full_shape[self.first_reduce : self.first_reduce + self.n_reduce])
+        steps = prod(_int(self.full_shape[a]) for a in reduce_axes)
         return steps * columns * 4 <= self.opts.scratch_max
 
     def _pack_gathered(self, col: int) -> None:
@@ -874,6 +957,15 @@ class Kernel:
                     if self._try(Opt(OptOps.UPCAST, axis, vw)):
                         self._interleave_vectors(len(alu))
                         return
+            if not contiguous and any(self.stride_of(out, a) == 1 for a in range(self.first_reduce)):
+                # the output's rows run along a symbolic axis (a softmax's exp over a KV cache of symbolic length):
+                # lanes along an integer axis that holds no whole vector, rather than none (GPT-2's 12 heads x 400
+                # positions, one AVX-512 core: 23-32 us scalar, 8-9 us in 12 lanes)
+                for axis in reversed(globals_):
+                    size = _int(self.full_shape[axis])
+                    lanes = size if size <= vw else self._divisor(size, (vw // 2, vw // 4))
+                    if lanes > 1 and self._try(Opt(OptOps.UPCAST, axis, lanes)):
+                        return
         if amount and self._try(Opt(OptOps.UPCAST, contiguous[-1], amount)):
             if self.opts.global_max is None:  # (CPU loops: a GPU's work items read a row's elements together)
                 self._transpose_block(amount)
@@ -889,6 +981,8 @@ class Kernel:
             return
         lanes = prod(self.upcast_sizes)
         for axis in reversed(range(self.first_reduce)):
+            if not self.is_concrete(axis):
+                continue
             fits = (c for c in (INTERLEAVE_VECTORS, 2) if c * lanes * ops <= LANE_OPS and c * lanes <= MAX_UPCAST)
             choices = tuple(fits)
             amount = self._divisor(_int(self.full_shape[axis]), choices)
@@ -907,7 +1001,7 @@ class Kernel:
             st = self.stride_of(ld, vector_axis)
             if not isinstance(st, int) or abs(st) < ROW_FAR:
                 continue
-            along = [a for a in range(self.first_reduce) if self.stride_of(ld, a) == 1]
+            along = [a for a in range(self.first_reduce) if self.stride_of(ld, a) == 1 and self.is_concrete(a)]
             if along:
                 size = _int(self.full_shape[along[-1]])
                 block = self._divisor(size, tuple(c for c in (8, 4) if c * amount <= MAX_UPCAST // 2))
@@ -921,8 +1015,10 @@ class Kernel:
         budget = min(max(local_max), MAX_GROUP)
         for axis in reversed(range(self.first_reduce - self.local_dims)):
             size = self.full_shape[axis]
-            if not isinstance(size, int) or budget < 2 or self.local_dims >= 3:
+            if budget < 2 or self.local_dims >= 3:
                 break
+            if not isinstance(size, int):  # (a symbolic axis stays a grid axis)
+                continue
             amount = self._divisor(size, tuple(c for c in (32, 16, 8, 4, 2) if c <= budget and c * 2 <= size))
             if amount and self._try(Opt(OptOps.LOCAL, axis, amount)):
                 budget //= amount
@@ -931,7 +1027,7 @@ class Kernel:
         """Inputs that several work items of a workgroup read (a matmul's rows and columns) go through shared
         memory, up to STAGE_REDUCE reduce steps at a time (fewer when that lets more inputs fit): each element is
         loaded from device memory once per workgroup instead of once per work item."""
-        if not self.local_dims or not self.n_reduce:
+        if not self.local_dims or not self.n_reduce or not self.is_concrete(self.first_upcast - 1):
             return
         start, best, best_staged = self.copy(), None, 0
         size = _int(self.full_shape[self.first_upcast - 1])

@@ -46,6 +46,9 @@ _PURE = (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE)
 THREAD_MIN_WORK = 1 << 18
 # ALU ops per iteration that count as one unit of that work (an add with its loads and store is one)
 THREAD_OPS = 4
+# a symbolic outermost loop (a dynamic batch) is split across threads as range(its upper bound, at most this many):
+# each part of that range runs its proportional share of the loop's size at run time (Linearizer._open_globals)
+SYMBOLIC_THREAD_PARTS = 1 << 10
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
 _VECTOR_REDUCE = (ReduceOps.SUM,)
 MAX_VECTOR = 16
@@ -371,7 +374,7 @@ class Linearizer:
     def _threaded(self, axes: list[int]) -> bool:
         """Whether the outermost loop is split across threads: a big kernel that does not read its output."""
         k = self.k
-        if not k.opts.threads or not axes or not isinstance(k.full_shape[axes[0]], int) or k.full_shape[axes[0]] < 2:
+        if not k.opts.threads or not axes or _upper(k.full_shape[axes[0]]) < 2:
             return False
         if any(leaf.op is BufferOps.LOAD and leaf.arg.idx == 0 for leaf in k.leaves):
             return False  # an in-place update may read what another thread writes
@@ -389,12 +392,7 @@ class Linearizer:
         if self.k.opts.global_max is None:
             for n, (a, s) in enumerate(zip(axes, sizes)):
                 if n == 0 and may_thread and self._threaded(axes):
-                    assert isinstance(s, int)
-                    self.thread_extent = s
-                    self.check_index(0, s)
-                    bounds = [UOp(UOps.DEFINE_VAR, self.index_dtype, (), (name, 0, s)) for name in THREAD_BOUNDS]
-                    self.header.extend(bounds)
-                    r = self.open_range(bounds[0], bounds[1], a, False)
+                    r = self._threaded_range(a, s)
                 else:
                     r = self.open_range(self.const(0, self.index_dtype), self.node(s), a, False)
                 self.ranges.append(r)
@@ -432,6 +430,25 @@ class Linearizer:
             )
             local_size[dim] = size
         self.local_size = tuple(local_size)
+
+    def _threaded_range(self, axis: int, size: sint) -> UOp:
+        """The outermost loop, over the part of it between the thread bounds (plugin.py, Renderer.threads). A loop of
+        symbolic size n splits range(parts) instead, parts = its upper bound (at most SYMBOLIC_THREAD_PARTS): the part
+        [start, end) of it runs the loop's steps [start * n // parts, end * n // parts), so the parts cover range(n)
+        once, whatever n is, each in proportion to its share of range(parts)."""
+        parts = size if isinstance(size, int) else min(size.max, SYMBOLIC_THREAD_PARTS)
+        self.thread_extent = parts
+        self.check_index(0, parts if isinstance(size, int) else parts * size.max)
+        bounds = [UOp(UOps.DEFINE_VAR, self.index_dtype, (), (name, 0, parts)) for name in THREAD_BOUNDS]
+        self.header.extend(bounds)
+        if isinstance(size, int):
+            return self.open_range(bounds[0], bounds[1], axis, False)
+        n, divisor = self.node(size), self.const(parts, self.index_dtype)
+        start, end = (
+            self.alu(BinaryOps.DIV, self.index_dtype, self.alu(BinaryOps.MUL, self.index_dtype, b, n), divisor)
+            for b in bounds
+        )
+        return self.open_range(start, end, axis, False)
 
     def _source_node(self, n: sint) -> sint:
         """`n` with its Variables renamed to their identifiers: a uop's Node argument may be spelled in the source."""
