@@ -182,11 +182,12 @@ def test_inputs_sharing_a_dim_param_share_its_variable() -> None:
     assert walks[0] == 3 and len(model._replays) == 2  # (a recording of that signature of its own)
 
 
-def test_a_size_called_again_and_again_gets_kernels_of_its_own() -> None:
-    """Past dynamic.HOT_CALLS calls a size is recorded with its concrete shapes (the core does not yet optimize kernels
-    of a symbolic size); the symbolic recording still serves the other sizes, without a walk."""
+def test_a_size_called_again_and_again_gets_kernels_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past dynamic.HOT_CALLS calls (3 here) a size is recorded with its concrete shapes (kernels made for its sizes run
+    a little faster than the symbolic ones); the symbolic recording still serves the other sizes, without a walk."""
     from tgcore.onnx import dynamic
 
+    monkeypatch.setattr(dynamic, "HOT_CALLS", 3)
     sizes = [4] * (dynamic.HOT_CALLS + 3) + [2, 7, 4, 1]
     model, walks = _check(_mlp(), sizes, lambda n: {"x": _f32(n, 4)})
     concrete = [k for k, r in model._replays.items() if k[0] != "symbolic" and r is not None]

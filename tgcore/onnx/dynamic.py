@@ -50,10 +50,12 @@ __all__ = [
 DEFAULT_LIMIT = 1024
 # the smallest tier: sizes 1 to 16 share one recording
 _MIN_TIER = 16
-# a size called more often than this gets a recording of its own shapes (OnnxModel._hot): the core's optimizer leaves
-# a kernel of a symbolic size as it is (no vectors, no unrolling, no split reduce), which costs a conv net ~10x on
-# CLANG, so the symbolic recording serves the sizes that come and go, and a size that stays gets kernels made for it
-HOT_CALLS = 3
+# a size called more often than this gets a recording of its own shapes (OnnxModel._hot). The core optimizes the
+# integer axes of a kernel around a symbolic one, so the symbolic recording runs near one of concrete shapes (one CLANG
+# core, batch 4: the ResNet of tests/onnx/test_export.py at 64x64 1.1-1.4 ms a call against 0.97, the transformer
+# 0.56-0.64 against 0.23-0.33), and a recording of its own costs a size's first calls ~60 ms with its kernels in the
+# disk cache, ~2 s compiling them: a size that stays pays that back over about a thousand calls
+HOT_CALLS = 1000
 
 
 def input_dims(graph: Any, names: Sequence[str]) -> dict[str, tuple[Optional[str], ...]]:
