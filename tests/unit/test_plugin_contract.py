@@ -255,3 +255,28 @@ def test_a_collective_hook_answering_something_else_is_refused(registered):
     registered(plugin)
     with pytest.raises(TypeError, match="tg_collective hook for device BADCOLL returned a str"):
         Device["BADCOLL"].collective
+
+
+def test_a_copy_by_transfer_gets_both_buffers_allocated(monkeypatch):
+    # a view made for the copy (an output read back at its real size) has no memory until it is allocated: the
+    # allocator's transfer gets both buffers' memory, never None
+    import ctypes
+
+    from tgcore.device import Buffer
+    from tgcore.engine.runner import BufferCopy
+
+    allocator = Device["PYTHON"].allocator
+    seen = []
+
+    def transfer(dest, src, size, src_dev=None, dest_dev=None):
+        seen.append((dest, src))
+        assert dest is not None and src is not None, "transfer got a buffer without memory"
+        ctypes.memmove(dest, src, size)
+
+    monkeypatch.setattr(type(allocator), "supports_transfer", True)
+    monkeypatch.setattr(allocator, "transfer", transfer)
+    src = Buffer("PYTHON", 8, dtypes.float32).copyin(memoryview(np.arange(8, dtype=np.float32).tobytes()))
+    dest = Buffer("PYTHON", 3, dtypes.float32)
+    BufferCopy()([dest, src.view(3, dtypes.float32, 8)], {})
+    assert len(seen) == 1
+    np.testing.assert_array_equal(np.frombuffer(dest.as_buffer(), np.float32), [2.0, 3.0, 4.0])

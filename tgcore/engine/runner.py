@@ -196,6 +196,7 @@ class BufferCopy(Runner):
         st = time.perf_counter()
         allocator = Device[dest.device].allocator
         if allocator.supports_transfer and dest.device.split(":")[0] == src.device.split(":")[0]:
+            dest.allocate(), src.allocate()  # (a view made for the copy has no memory of its own yet)
             allocator.transfer(
                 dest._opaque, src._opaque, dest.nbytes, src_dev=Device[src.device], dest_dev=Device[dest.device]
             )
