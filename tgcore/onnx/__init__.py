@@ -215,8 +215,9 @@ class OnnxModel:
 
     def _hot(self, given: dict[str, Tensor]) -> bool:
         """Whether this input signature has a recording of its own shapes, or is called often enough to get one
-        (dynamic.HOT_CALLS): the core does not yet optimize a kernel of a symbolic size (no vectors, no unrolling),
-        so a size called again and again runs faster from kernels made for it."""
+        (dynamic.HOT_CALLS): a kernel made for one size still runs somewhat faster than the symbolic one (its sizes
+        are constants, its replay binds no Variables), which pays back the recording for a size called again and
+        again."""
         signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
         if (replay := self._replays.get(signature)) is not None and replay.jit.cnt >= 2:
             return True
