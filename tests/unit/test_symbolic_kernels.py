@@ -324,3 +324,23 @@ def test_a_symbolic_outer_loop_is_split_across_threads(device: str, monkeypatch:
         np.testing.assert_allclose(got, (x * 3 + 1) * x - x / 2, rtol=1e-6, atol=1e-6)
     programs = [ei.prg.p for ei in step.jit_cache if isinstance(ei.prg, CompiledRunner)]
     assert [p.thread_extent for p in programs] == [16]
+
+
+def test_keys_joined_at_a_symbolic_position_keep_the_scores_kernel_to_its_lanes() -> None:
+    """A decoder's keys are its cache up to start_pos and the new entry after it, joined: their masks have a symbolic
+    bound, so every lane of them is a scalar load and a select. The scores kernel keeps the lane reduce's lanes and
+    neither upcasts the heads nor unrolls further (4 x 4 x 16 lanes of selects took gcc 2 s to build), and its results
+    stay right; the same scores over a plain cache (no symbolic mask) still take more lanes."""
+    start = Variable("start_pos", 0, 31).bind(5)
+    q = Tensor(data((HEADS, 1, 64), 0))
+    cache, new = Tensor(data((HEADS, 32, 64), 1)), Tensor(data((HEADS, 1, 64), 2))
+    keys = cache.shrink((None, (0, start), None)).cat(new, dim=1)
+    k = get_kernel(vector_cpu(), (q @ keys.transpose(1, 2)).schedule()[-1].ast)
+    assert k.reduce_lanes and math.prod(k.upcast_sizes) == k.reduce_lanes
+    assert not any(o.op is OptOps.UNROLL for o in k.applied_opts)
+    plain = cache.shrink((None, (0, Variable("length", 1, 32).bind(6)), None))
+    k = get_kernel(vector_cpu(), (q @ plain.transpose(1, 2)).schedule()[-1].ast)
+    assert math.prod(k.upcast_sizes) > k.reduce_lanes
+    qn, cn, nn = data((HEADS, 1, 64), 0), data((HEADS, 32, 64), 1), data((HEADS, 1, 64), 2)
+    want = qn @ np.concatenate([cn[:, :5], nn], axis=1).transpose(0, 2, 1)
+    np.testing.assert_allclose(read(q @ keys.transpose(1, 2), want.shape), want, rtol=1e-5, atol=1e-5)

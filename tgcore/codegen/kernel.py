@@ -730,13 +730,18 @@ class Kernel:
             amount = self._divisor(_int(self.full_shape[col]), tuple(c for c in choices if c <= max(budget, 2)))
             if amount:
                 self._try(Opt(OptOps.UPCAST, col, amount))
-        elif globals_:
+        elif globals_ and not self._gated_symbolic():
             # a reduce along contiguous memory: independent accumulators hide the latency of each add (a lane reduce
             # too: one vector accumulator per core streamed a compensated 64 MB sum at 10 GB/s, four at 15)
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
-        if self.n_reduce and not self.inner_globals and self.is_concrete(self.first_upcast - 1):
+        if (
+            self.n_reduce
+            and not self.inner_globals
+            and self.is_concrete(self.first_upcast - 1)
+            and not self._gated_symbolic()
+        ):
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
@@ -745,6 +750,19 @@ class Kernel:
             self._pack_gathered(pack_col)
         if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1):
             self._more_accumulators(vw, budget)
+
+    def _gated_symbolic(self) -> bool:
+        """Whether an input's mask has a symbolic bound (attention's keys over a KV cache: the cache up to start_pos
+        and the new entry after it, joined). Each lane of a masked load is a scalar load and a select, so lanes beyond
+        a lane reduce's make the kernel longer to build, not faster (GPT-2's scores, 4 heads x 4 unrolled steps x 16
+        lanes of them: gcc 1.7-2.0 s for one kernel). (A padding's masks, of integer bounds, are not these.)"""
+        return any(
+            pair != (0, size) and not all(isinstance(bound, int) for bound in pair)
+            for ld in self.loads()
+            for view in self.sts[ld].views
+            if view.mask is not None
+            for pair, size in zip(view.mask, view.shape)
+        )
 
     def _more_accumulators(self, vw: int, budget: int) -> None:
         """CPU loops over a reduce whose innermost loop is symbolic (attention's weighted sum over a KV cache), which
@@ -755,6 +773,8 @@ class Kernel:
         lanes = prod(self.upcast_sizes)
         if self.opts.global_max is not None or vw <= 1 or lanes % vw or self.is_reduce_axis(self.shape_len - 1):
             return  # (a GPU's work items hide the latency: CPU loops only)
+        if self._gated_symbolic():
+            return
         while (want := MIN_ACCUMULATORS * vw // lanes) >= 2:
             choices = tuple(c for c in (8, 4, 2) if c <= want and c * lanes <= min(budget, MAX_UPCAST))
             axes = [a for a in range(self.first_reduce - self.local_dims) if self.is_concrete(a)]
