@@ -36,11 +36,12 @@ class DType:
         )
 
     def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
+        try:
+            return self._hash  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
             h = hash(self._fields())
             object.__setattr__(self, "_hash", h)
-        return h
+            return h
 
     def _fields(self) -> tuple:
         return (self.priority, self.itemsize, self.name, self.fmt, self.count)

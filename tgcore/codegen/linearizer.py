@@ -122,7 +122,7 @@ class Linearizer:
         self, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None, cse: bool = True
     ) -> UOp:
         """Emit a uop, or return the equal one already emitted in an enclosing scope."""
-        key = (op, dtype, tuple(id(s) for s in src), arg)
+        key = (op, dtype, tuple(map(id, src)), arg)
         if cse:
             for scope in reversed(self.scopes):
                 if key in scope:
