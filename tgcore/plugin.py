@@ -299,13 +299,12 @@ class Compiler:
         them, their kernels' names all different). A failed build raises CompileError and remembers nothing."""
         libs = [self._cached(src) for src in srcs]
         missing = [i for i, lib in enumerate(libs) if lib is None]
-        if len(missing) == 1:
-            libs[missing[0]] = self.compile_cached(srcs[missing[0]])
-        elif missing:
+        if missing:
+            todo = [srcs[i] for i in missing]
             try:
-                built = self.compile_many([srcs[i] for i in missing])
-            except OSError as e:
-                raise self._not_runnable(e, srcs[missing[0]]) from e
+                built = self.compile_many(todo) if len(todo) > 1 else [self.compile(todo[0])]
+            except OSError as e:  # (as in compile_cached)
+                raise self._not_runnable(e, todo[0]) from e
             for i, lib in zip(missing, built):
                 self._remember(srcs[i], lib)
                 libs[i] = lib
@@ -315,16 +314,20 @@ class Compiler:
         """What compile(src) gave before: remembered in this process, or in the disk cache."""
         if (lib := _compiled.get((self._memory_key, src))) is not None:
             return lib
-        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
-            if (lib := diskcache_get(self.cachekey, src)) is not None:
+        if self._use_disk:
+            if (lib := diskcache_get(self.cachekey, src)) is not None:  # type: ignore[arg-type]
                 _compiled[(self._memory_key, src)] = lib
             return lib
         return None
 
     def _remember(self, src: str, lib: bytes) -> None:
-        if self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0:
-            diskcache_put(self.cachekey, src, lib)
+        if self._use_disk:
+            diskcache_put(self.cachekey, src, lib)  # type: ignore[arg-type]
         _compiled[(self._memory_key, src)] = lib
+
+    @property
+    def _use_disk(self) -> bool:
+        return self.cachekey is not None and getenv("DISABLE_COMPILER_CACHE") == 0
 
     @property
     def _memory_key(self) -> str:

@@ -1425,14 +1425,20 @@ class Tensor:
         nd = len(kernel)
         if (strides := self._depthwise_flat_strides(weight, groups, stride, dilation, pads)) is not None:
             return self._conv_depthwise_flat(weight, strides, pads, acc_dtype)
-        src = self
-        if groups == 1 and cin <= CONV_PREPAD_CHANNELS and any(p for pad in pads for p in pad) and all_int(self.shape):
-            if all(s == 1 for s in make_pair(stride, nd)) and all(p >= 0 for pad in pads for p in pad):
-                # few input channels: the windows of a padded copy load whole vectors along the rows, where the
-                # padding's masks kept each tap a masked scalar (batch 32, one AVX-512 core, 32 x 32: 3 -> 16 channels
-                # 1.57 -> 0.32 ms, 16 -> 16 2.9 -> 1.7 ms, the copy included; with 32 channels and more, or a stride,
-                # the masked windows were as fast or faster)
-                src, pads = self.pad(((0, 0), (0, 0), *pads)).contiguous(), tuple((0, 0) for _ in pads)
+        src, flat_pads = self, [p for pad in pads for p in pad]
+        if (
+            groups == 1
+            and cin <= CONV_PREPAD_CHANNELS
+            and any(flat_pads)
+            and min(flat_pads) >= 0
+            and all(s == 1 for s in make_pair(stride, nd))
+            and all_int(self.shape)
+        ):
+            # few input channels: the windows of a padded copy load whole vectors along the rows, where the padding's
+            # masks kept each tap a masked scalar (batch 32, one AVX-512 core, 32 x 32: 3 -> 16 channels 1.57 -> 0.32
+            # ms, 16 -> 16 2.9 -> 1.7 ms, the copy included; with 32 channels and more, or a stride, the masked windows
+            # were as fast or faster)
+            src, pads = self.pad(((0, 0), (0, 0), *pads)).contiguous(), tuple((0, 0) for _ in pads)
         x = src._conv_windows(kernel, groups, stride, dilation, pads)
         out_sp = x.shape[4 : 4 + nd]
         positions = bs * prod(out_sp)
@@ -1592,12 +1598,12 @@ class Tensor:
         out = out.pad((None, None, *[(0, s - n) for s, n in zip(strides, live)], None, *([None] * nd)))
         out = out.permute(0, 1, 2 + nd, *flatten((3 + nd + i, 2 + i) for i in range(nd)))
         out = out.reshape(out.shape[0], groups * rcout, *[a * s for a, s in zip(m, strides)])
-        # the spread form's output p is this one's p + (k - 1) - before, and it has (n - 1) * s + 1 + before + after -
-        # (k - 1) of them: cut (or pad with zeros) to that
-        window = []
-        for n, s, k, (before, after), length in zip(sp, strides, kernel, pads, out.shape[2:]):
-            start = k - 1 - before
-            window.append((-start, start + (n - 1) * s + 1 + before + after - (k - 1) - length))
+        # the spread form's output p is this one's p + (k - 1) - before, up to (n - 1) * s + 1 + after (the spread
+        # input's end and its padding after): cut (or pad with zeros) to that
+        window = [
+            (before + 1 - k, (n - 1) * s + 1 + after - length)
+            for n, s, k, (before, after), length in zip(sp, strides, kernel, pads, out.shape[2:])
+        ]
         return out.pad((None, None, *window))
 
     # ***** normalization, dropout, attention, losses *****

@@ -5,7 +5,7 @@ random-number kernel small enough to compile fast (codegen/kernel.py LONG_KERNEL
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
@@ -213,15 +213,29 @@ def _many_expected(xn: np.ndarray) -> np.ndarray:
     return x.sum(axis=1)
 
 
+@pytest.fixture
+def grouped(cold: None, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
+    """The compiler of a device, made to take groups of up to 3 sources, with one compile thread (groups of up to half
+    the kernels a thread: here up to 3) and every kernel lowered and built in the test (no rendered or compiled one
+    from the disk caches)."""
+    monkeypatch.setenv("TGCORE_THREADS", "1")
+    monkeypatch.setattr(realize, "_program_key", lambda device, ast: None)
+
+    def compiler(device: str) -> Any:
+        compiler = Device[device].compiler
+        monkeypatch.setattr(compiler, "batch", 3)
+        monkeypatch.setattr(compiler, "cachekey", None)
+        return compiler
+
+    return compiler
+
+
 @pytest.mark.parametrize("device", _devices())
 def test_a_compiler_that_builds_several_at_once_gets_groups_of_distinct_names(
-    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+    grouped: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
     xn = np.linspace(-1, 1, 144, dtype=np.float32).reshape(4, 36)
-    compiler = Device[device].compiler
-    monkeypatch.setattr(compiler, "batch", 3)
-    monkeypatch.setenv("TGCORE_THREADS", "1")  # (groups of up to half the kernels a thread: here up to 3)
-    monkeypatch.setenv("DISABLE_PROGRAM_CACHE", "1")  # (every kernel lowered and compiled here)
+    compiler = grouped(device)
     sizes: list[int] = []
     compile_cached_many = compiler.compile_cached_many
 
@@ -250,14 +264,10 @@ def test_a_compiler_that_builds_several_at_once_gets_groups_of_distinct_names(
 
 @pytest.mark.parametrize("device", _devices())
 def test_a_group_that_fails_to_build_is_built_again_one_by_one(
-    cold: None, monkeypatch: pytest.MonkeyPatch, device: str
+    grouped: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
     xn = np.linspace(-1, 1, 144, dtype=np.float32).reshape(4, 36)
-    compiler = Device[device].compiler
-    monkeypatch.setattr(compiler, "batch", 3)
-    monkeypatch.setattr(compiler, "cachekey", None)  # (nothing from the disk cache: every kernel is built)
-    monkeypatch.setenv("TGCORE_THREADS", "1")
-    monkeypatch.setenv("DISABLE_PROGRAM_CACHE", "1")
+    compiler = grouped(device)
     groups: list[int] = []
 
     def failing(srcs: list[str]) -> list[bytes]:

@@ -659,6 +659,7 @@ class Kernel:
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
         loads = self.loads()
         budget = self._lane_budget()
+        gated = self._gated_symbolic()  # (its lanes stay the lane reduce's: no more upcasts, no unroll)
         # a matmul-like reduce: global axes along which some input is broadcast (each output of the tile reuses
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
@@ -730,25 +731,20 @@ class Kernel:
             amount = self._divisor(_int(self.full_shape[col]), tuple(c for c in choices if c <= max(budget, 2)))
             if amount:
                 self._try(Opt(OptOps.UPCAST, col, amount))
-        elif globals_ and not self._gated_symbolic():
+        elif globals_ and not gated:
             # a reduce along contiguous memory: independent accumulators hide the latency of each add (a lane reduce
             # too: one vector accumulator per core streamed a compensated 64 MB sum at 10 GB/s, four at 15)
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
-        if (
-            self.n_reduce
-            and not self.inner_globals
-            and self.is_concrete(self.first_upcast - 1)
-            and not self._gated_symbolic()
-        ):
+        if self.n_reduce and not self.inner_globals and self.is_concrete(self.first_upcast - 1) and not gated:
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
         if pack_col is not None and not self.inner_globals:
             self._pack_gathered(pack_col)
-        if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1):
+        if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1) and not gated:
             self._more_accumulators(vw, budget)
 
     def _gated_symbolic(self) -> bool:
@@ -773,8 +769,6 @@ class Kernel:
         lanes = prod(self.upcast_sizes)
         if self.opts.global_max is not None or vw <= 1 or lanes % vw or self.is_reduce_axis(self.shape_len - 1):
             return  # (a GPU's work items hide the latency: CPU loops only)
-        if self._gated_symbolic():
-            return
         while (want := MIN_ACCUMULATORS * vw // lanes) >= 2:
             choices = tuple(c for c in (8, 4, 2) if c <= want and c * lanes <= min(budget, MAX_UPCAST))
             axes = [a for a in range(self.first_reduce - self.local_dims) if self.is_concrete(a)]

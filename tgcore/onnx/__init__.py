@@ -202,23 +202,23 @@ class OnnxModel:
             raise OnnxError(f"unknown inputs {unknown}; the model takes {self.input_names}")
         given = {n: self._as_tensor(n, v) for n, v in feed.items()}
         if self.jit and JIT.value and all(isinstance(t, Tensor) and n in self.input_names for n, t in given.items()):
-            if not self._dims or self._hot(given):
-                return self._replayed(given)
+            signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
+            if not self._dims or self._hot(signature):
+                return self._replayed(signature, given)
             outs, unsure = self._symbolic_call(given)
             if outs is not None:
                 return outs
-            outs = self._replayed(given)  # (raises where the input is at fault, and so the symbolic walk was not)
+            outs = self._replayed(signature, given)  # (raises where the input is at fault: the symbolic walk was not)
             if unsure is not None:
                 self._not_symbolic.add(unsure)
             return outs
         return {name: _realized(t) for name, t in zip(self.output_names, self._run(given)[0])}
 
-    def _hot(self, given: dict[str, Tensor]) -> bool:
+    def _hot(self, signature: tuple[Any, ...]) -> bool:
         """Whether this input signature has a recording of its own shapes, or is called often enough to get one
         (dynamic.HOT_CALLS): a kernel made for one size still runs somewhat faster than the symbolic one (its sizes
         are constants, its replay binds no Variables), which pays back the recording for a size called again and
         again."""
-        signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
         if (replay := self._replays.get(signature)) is not None and replay.jit.cnt >= 2:
             return True
         if len(self._calls) >= 4096 and signature not in self._calls:  # (many sizes seen: forget the counts)
@@ -226,13 +226,10 @@ class OnnxModel:
         self._calls[signature] = calls = self._calls.get(signature, 0) + 1
         return calls > dynamic.HOT_CALLS
 
-    def _replayed(self, given: dict[str, Tensor]) -> dict[str, Any]:
+    def _replayed(self, signature: tuple[Any, ...], given: dict[str, Tensor]) -> dict[str, Any]:
         """The outputs from the recording for this input signature (concrete shapes), or of a plain run."""
-        signature = tuple((n, t.shape, t.dtype, t.device) for n, t in sorted(given.items()))
         if signature not in self._replays:
-            if len(self._replays) >= _MAX_REPLAYS:  # (the oldest signature's kernels go)
-                self._replays.pop(next(iter(self._replays)))
-            self._replays[signature] = _Replay(self)
+            self._new_replay(signature, symbolic=False)
         if (replay := self._replays[signature]) is not None:
             outs = replay(given)
             if not replay.static:  # (found on its first run, a plain one: its outputs are right)
@@ -251,9 +248,7 @@ class OnnxModel:
         if key[1] in self._not_symbolic:
             return None, None
         if (replay := self._replays.get(key)) is None:
-            if len(self._replays) >= _MAX_REPLAYS:
-                self._replays.pop(next(iter(self._replays)))
-            replay = self._replays[key] = _Replay(self, symbolic=True)
+            replay = self._new_replay(key, symbolic=True)
         try:
             return replay.run_symbolic(symbolic, var_vals), None
         except Exception as e:  # noqa: BLE001 (any error of a symbolic run: the concrete run decides)
@@ -267,6 +262,13 @@ class OnnxModel:
                 self._not_symbolic.add(key[1])
                 return None, None
             return None, key[1]
+
+    def _new_replay(self, key: tuple[Any, ...], symbolic: bool) -> _Replay:
+        """A recording kept under `key`; past _MAX_REPLAYS of them, the oldest one's kernels go."""
+        if len(self._replays) >= _MAX_REPLAYS:
+            self._replays.pop(next(iter(self._replays)))
+        replay = self._replays[key] = _Replay(self, symbolic=symbolic)
+        return replay
 
     def _run(self, given: dict[str, Any], symbolic: bool = False) -> tuple[list[Any], Known]:
         """The graph's outputs (lazy) for the given inputs, and what it knew of their values on the host."""
