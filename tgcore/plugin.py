@@ -77,7 +77,8 @@ __all__ = [
     "plugin_module",
 ]
 
-PLUGIN_API_VERSION: tuple[int, int] = (2, 2)  # 2.1: the optional tg_collective hook; 2.2: Compiler.batch
+# 2.1: the optional tg_collective hook; 2.2: Compiler.batch; 2.3: Program.run_parts
+PLUGIN_API_VERSION: tuple[int, int] = (2, 3)
 ENTRY_POINT_GROUP = "tgcore"
 
 hookspec = pluggy.HookspecMarker("tgcore")
@@ -198,6 +199,11 @@ class Renderer:
     # bound that loop; the core calls the Program once per thread with the vals of its part of range(n), from several
     # threads at once (so the Program's call must release the GIL: see Program)
     threads: bool = False
+    # threads only (plugin API 2.3): the least work of a kernel worth splitting across threads, in innermost
+    # iterations weighted by its ops (codegen/linearizer.py, _threaded). The default pays for the core's Python
+    # threads (a GIL hand-off, 30-60 us a kernel on a 2-core VM); a Program with its own threads (run_parts) hands a
+    # part over in about a microsecond and may split far smaller kernels
+    thread_min_work: int = 1 << 18
     # CPU-style kernels only: bytes of scratch memory one kernel may declare (a DEFINE_LOCAL without BARRIERs: an
     # array of the running thread's own, e.g. on its stack). The optimizer packs the block of a big matmul's input
     # that its inner loops reuse into it, contiguous in the order they read it (OptOps.PACK); 0: none
@@ -365,10 +371,26 @@ class Program:
     Threads: a Renderer with `threads = True` has the core call one Program from several threads at once (each with
     the vals of its part of the outer loop), so the call must release the GIL while the kernel runs (cffi and ctypes
     calls do) and must not change the Program's state without a lock.
+
+    Optional (plugin API 2.3): `run_parts(*bufs, vals, bounds, threads)` (`supports_parts`, set by defining it; an
+    instance may set it False where its threads are not available) runs a threaded kernel's parts itself: the kernel
+    once per part i < len(bounds) - 1 with vals + (bounds[i], bounds[i + 1]), each part exactly once, on up to
+    `threads` threads (the calling one included), returning when all are done. The core then hands it every threaded
+    launch instead of calling the Program from its own Python threads (a GIL hand-off per thread and kernel).
     """
+
+    supports_parts: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "run_parts" in cls.__dict__ and "supports_parts" not in cls.__dict__:
+            cls.supports_parts = True
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         self.device, self.name, self.lib = device, name, lib
+
+    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: list[int], threads: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not run parts itself (supports_parts is False)")
 
     def __call__(
         self,

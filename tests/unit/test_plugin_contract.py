@@ -55,7 +55,7 @@ def device_plugin(name: str, device: str, api_version: Any = PLUGIN_API_VERSION,
 
 
 def test_the_served_version_is_major_minor():
-    assert PLUGIN_API_VERSION == (2, 2)
+    assert PLUGIN_API_VERSION == (2, 3)
 
 
 @pytest.mark.parametrize("built", [(MAJOR, MINOR), (MAJOR, 0)])

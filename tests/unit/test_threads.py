@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from tgcore.engine import realize
+from tgcore.plugin import Program
 
 
 class Recorder:
@@ -73,3 +74,40 @@ def test_only_compute_bound_kernels_run_in_several_parts_per_thread() -> None:
     assert realize.parts_per_thread(27_800_000, 67_100_000) == 1
     assert realize.parts_per_thread(6_800_000, 67_100_000) == 1
     assert realize.parts_per_thread(1_000_000, 10_000) == 1
+
+
+class OwnThreads(Program):
+    """A Program that runs a threaded launch's parts itself (plugin API 2.3): records what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__("OWN", "k", b"")
+        self.handed: list[tuple[tuple[int, ...], list[int], int]] = []
+
+    def __call__(self, *bufs: object, vals: tuple[int, ...] = (), **kw: object) -> None:
+        self.handed.append((vals[:-2], [vals[-2], vals[-1]], 1))
+
+    def run_parts(self, *bufs: object, vals: tuple[int, ...], bounds: list[int], threads: int) -> None:
+        self.handed.append((vals, list(bounds), threads))
+
+
+def test_defining_run_parts_declares_it() -> None:
+    assert OwnThreads.supports_parts and not Program.supports_parts
+    assert not type("Plain", (Program,), {}).supports_parts
+
+
+@pytest.mark.parametrize("threads,per_thread,extent", [(2, 1, 64), (2, 4, 64), (3, 4, 5), (4, 1, 3)])
+def test_a_program_with_threads_of_its_own_gets_every_part_in_one_call(
+    monkeypatch: pytest.MonkeyPatch, threads: int, per_thread: int, extent: int
+) -> None:
+    monkeypatch.setenv("TGCORE_THREADS", str(threads))
+    prg = OwnThreads()
+    realize._run_threaded(prg, [], (7, 8), extent, False, per_thread, own_threads=True)
+    [(vals, bounds, used)] = prg.handed
+    parts = min(extent, threads * per_thread)
+    assert vals == (7, 8) and used == min(threads, extent) and len(bounds) == parts + 1
+    assert bounds[0] == 0 and bounds[-1] == extent and all(a < b for a, b in zip(bounds, bounds[1:]))
+    # one thread: a plain call over the whole loop, no parts
+    monkeypatch.setenv("TGCORE_THREADS", "1")
+    prg = OwnThreads()
+    realize._run_threaded(prg, [], (7, 8), extent, False, per_thread, own_threads=True)
+    assert prg.handed == [((7, 8), [0, extent], 1)]

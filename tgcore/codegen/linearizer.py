@@ -41,10 +41,8 @@ _REDUCE_ALU = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}
 _FUSED_DTYPES = (dtypes.float32, dtypes.float64)
 # uops without effects: dropped when nothing reads them (a product that a MULACC took over)
 _PURE = (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE)
-# a kernel's outermost loop is split across threads when it runs at least this many innermost iterations (handing
-# work to another thread costs 30-50 us on a 2-core VM: an elementwise kernel of 2^18 floats is where it starts to pay)
-THREAD_MIN_WORK = 1 << 18
-# ALU ops per iteration that count as one unit of that work (an add with its loads and store is one)
+# ALU ops per iteration that count as one unit of a kernel's work: its outermost loop is split across threads when
+# it runs at least the renderer's thread_min_work (plugin.py) of those units (an add with its loads and store is one)
 THREAD_OPS = 4
 # a symbolic outermost loop (a dynamic batch) is split across threads as range(its upper bound, at most this many):
 # each part of that range runs its proportional share of the loop's size at run time (Linearizer._open_globals)
@@ -383,7 +381,7 @@ class Linearizer:
         # (EfficientNet's (672, 196): 2.3 -> 1.3 ms on two cores)
         alu = sum(1 for x in k.ast.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps)))
         work = prod([s if isinstance(s, int) else s.max for s in k.full_shape]) * max(1, alu // THREAD_OPS)
-        return work >= THREAD_MIN_WORK
+        return work >= k.opts.thread_min_work
 
     def _open_globals(self, axes: list[int], may_thread: bool = True) -> None:
         k = self.k

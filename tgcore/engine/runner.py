@@ -56,6 +56,8 @@ class CompiledRunner(Runner):
         # the common CPU launch: no variables, threads or launch sizes, just the buffers
         self.plain_launch = not p.variables and p.thread_extent is None and p.global_size is None
         self.parts_per_thread = parts_per_thread(p.op_estimate, p.mem_estimate)
+        # the Program runs a threaded launch's parts on threads of its own (plugin.py, Program.run_parts)
+        self.own_threads = bool(getattr(self.clprg, "supports_parts", False))
 
     def __call__(self, bufs: list[Buffer], var_vals: dict[Variable, int], wait: bool = False) -> Optional[float]:
         if self.plain_launch:
@@ -63,8 +65,9 @@ class CompiledRunner(Runner):
         p = self.p
         vals = tuple(var_vals[v] for v in p.variables) if p.variables else ()
         if p.thread_extent is not None:
+            opaques = [b._opaque for b in bufs]
             return _run_threaded(
-                self.clprg, [b._opaque for b in bufs], vals, p.thread_extent, wait, self.parts_per_thread
+                self.clprg, opaques, vals, p.thread_extent, wait, self.parts_per_thread, self.own_threads
             )
         if p.global_size is None:
             return self.clprg(*[b._opaque for b in bufs], vals=vals, wait=wait)
@@ -161,8 +164,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@functools.lru_cache(maxsize=1024)
+def _bounds(extent: int, parts: int) -> list[int]:
+    """The bounds of `parts` near-equal parts of range(extent): part i is [bounds[i], bounds[i + 1])."""
+    return [extent * i // parts for i in range(parts + 1)]
+
+
 def _run_threaded(
-    prg: Any, opaques: list[Any], vals: tuple[int, ...], extent: int, wait: bool, per_thread: int = 1
+    prg: Any,
+    opaques: list[Any],
+    vals: tuple[int, ...],
+    extent: int,
+    wait: bool,
+    per_thread: int = 1,
+    own_threads: bool = False,
 ) -> Optional[float]:
     """Run a kernel whose outermost loop is bounded by its last two vals, in `per_thread` parts per thread that the
     threads take in turn. Each output element is written by exactly one part, so the result is the same on any
@@ -171,9 +186,11 @@ def _run_threaded(
     st = time.perf_counter()
     if threads <= 1:
         prg(*opaques, vals=vals + (0, extent))
+    elif own_threads:  # the Program's threads take the parts (plugin.py, Program.run_parts)
+        prg.run_parts(*opaques, vals=vals, bounds=_bounds(extent, min(extent, threads * per_thread)), threads=threads)
     else:
         parts = min(extent, threads * per_thread)
-        bounds = [extent * i // parts for i in range(parts + 1)]
+        bounds = _bounds(extent, parts)
         turn = itertools.count()  # next() on it is atomic under the GIL
 
         def work() -> None:

@@ -348,10 +348,12 @@ def test_a_variable_named_like_the_thread_bounds_in_a_threaded_kernel():
 
 
 def test_a_long_fused_expression_is_threaded_at_a_smaller_size_than_an_add():
-    # 2^17 elements: too few for an add to pay for a thread, enough for SiLU after BatchNorm (~50 ops an element)
+    # half the renderer's thread_min_work in elements: too few for an add to pay for a thread, enough for SiLU after
+    # BatchNorm (~50 ops an element)
     from tgcore.engine.realize import get_kernel
 
-    x_np = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)
+    rows = Device["CLANG"].renderer.thread_min_work // 2 // 256
+    x_np = np.random.default_rng(0).standard_normal((rows, 256)).astype(np.float32)
     x = Tensor(x_np, device="CLANG")
     plain, heavy = x + 1, ((x - 0.5) * 1.5).silu()
     for out, threaded in ((plain, False), (heavy, True)):

@@ -26,7 +26,8 @@ from tgcore.plugin import (
 __all__ = ["ClangCompiler", "ClangProgram", "ClangRenderer", "Toolchain", "check_toolchain", "find_compiler", "probe"]
 __version__ = "0.2.0"
 DEVICE = "CLANG"
-API_VERSION = (2, 2)  # the tgcore plugin API this plugin is built for (2.1: tg_collective; 2.2: Compiler.batch)
+# the tgcore plugin API this plugin is built for (2.1: tg_collective; 2.2: Compiler.batch; 2.3: Program.run_parts)
+API_VERSION = (2, 3)
 _LOG_LINES = 6  # of a failed build's log, in the reason CLANG is unavailable
 
 

@@ -1,4 +1,5 @@
-"""Loads a compiled shared object (ctypes) and calls its kernel through a cffi function pointer."""
+"""Loads a compiled shared object (ctypes) and calls its kernel through a cffi function pointer; a threaded kernel's
+parts run on CLANG's own thread pool (pool.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Optional
 
 from cffi import FFI
 
+from tg_clang.pool import MAX_PARTS, MAX_VALS, pool
 from tgcore.plugin import Program, process_folder
 
 # one FFI for every kernel: each declaration is parsed once (pycparser: ~1.3 ms a parse, three a kernel when each
@@ -40,6 +42,16 @@ class ClangProgram(Program):
         self._no_ints = _FFI.new(_INTS, 1)
         # argument arrays by buffer addresses: the addresses are the whole content, so a hit is always right
         self._ptr_arrays: dict[tuple[int, ...], Any] = {}
+        self._pool = pool(_FFI)
+        self.supports_parts = self._pool is not None
+
+    def _ptrs(self, bufs: tuple[Any, ...]) -> Any:
+        addresses = tuple(map(ctypes.addressof, bufs))
+        if (ptrs := self._ptr_arrays.get(addresses)) is None:  # the same buffers again (a loop, a TinyJit replay)
+            if len(self._ptr_arrays) >= 64:
+                self._ptr_arrays.clear()
+            ptrs = self._ptr_arrays[addresses] = _FFI.new(_PTRS, list(addresses) or [0])
+        return ptrs
 
     def __call__(
         self,
@@ -49,11 +61,7 @@ class ClangProgram(Program):
         vals: tuple[int, ...] = (),
         wait: bool = False,
     ) -> Optional[float]:
-        addresses = tuple(map(ctypes.addressof, bufs))
-        if (ptrs := self._ptr_arrays.get(addresses)) is None:  # the same buffers again (a loop, a TinyJit replay)
-            if len(self._ptr_arrays) >= 64:
-                self._ptr_arrays.clear()
-            ptrs = self._ptr_arrays[addresses] = _FFI.new(_PTRS, list(addresses) or [0])
+        ptrs = self._ptrs(bufs)
         ints = _FFI.new(_INTS, vals) if vals else self._no_ints
         if not wait:
             self.fxn(ptrs, ints)
@@ -61,3 +69,16 @@ class ClangProgram(Program):
         st = time.perf_counter()
         self.fxn(ptrs, ints)
         return time.perf_counter() - st
+
+    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: list[int], threads: int) -> None:
+        """The kernel once per part [bounds[i], bounds[i + 1]) on the pool's threads and this one (one C call: the GIL
+        is released for all of it)."""
+        parts = len(bounds) - 1
+        if len(vals) > MAX_VALS or parts > MAX_PARTS:  # (beyond any kernel's: run them here, one by one)
+            for i in range(parts):
+                self(*bufs, vals=(*vals, bounds[i], bounds[i + 1]))
+            return
+        ints = _FFI.new(_INTS, vals) if vals else self._no_ints
+        bounds_array = _FFI.new(_INTS, bounds)
+        if self._pool.tg_run_parts(self.fxn, self._ptrs(bufs), ints, len(vals), bounds_array, parts, threads):
+            raise ValueError(f"{self.name}: {parts} parts of {len(vals)} vals are beyond CLANG's thread pool")
