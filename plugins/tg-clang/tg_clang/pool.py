@@ -31,6 +31,7 @@ MAX_WORKERS = 255
 POOL_SRC = r"""
 #define _POSIX_C_SOURCE 200809L /* (-std=c11 hides POSIX: clock_gettime, pthreads) */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -176,7 +177,11 @@ int tg_run_parts(tg_kernel fn, uintptr_t *bufs, const long long *vals, int nvals
     pthread_mutex_unlock(&tg_pool.sleep_lock);
   }
   tg_take_parts(gen);
-  while (__atomic_load_n(&tg_pool.done, __ATOMIC_ACQUIRE) < parts) TG_PAUSE();
+  /* the last parts' threads finish: a while of pauses, then yields (more threads than cores: one may wait its turn) */
+  for (int spins = 0; __atomic_load_n(&tg_pool.done, __ATOMIC_ACQUIRE) < parts; spins++) {
+    if (spins < 4096) TG_PAUSE();
+    else sched_yield();
+  }
   pthread_mutex_unlock(&tg_pool.busy);
   return 0;
 }
