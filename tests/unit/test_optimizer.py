@@ -412,6 +412,24 @@ def test_a_convs_gathered_weights_are_packed_once_per_column_tile_or_kept_one_ve
         np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_1x1_convs_weight_rows_2_kb_apart_keep_the_tile_one_vector_wide() -> None:
+    """A 1x1 conv's tile columns are output channels, whose weights lie `channels` floats apart. With 512 input
+    channels (2 KB: the rows share the L1 cache's sets, and the packing copy of 32 of them ran ~1.7x slower on Zen 4)
+    the tile is one vector wide; with 520 two vectors. The block is packed either way."""
+    for channels, columns in ((512, 16), (520, 32)):
+        x, w = data((1, channels, 7, 7)), data((64, channels, 1, 1), seed=1)
+        renderer = cpu_style_python_with_scratch(256 * 1024)
+        renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 16}
+        renderer.vector_registers = 32
+        si = last_kernel("PYTHON", lambda x, w: x.conv2d(w), x, w)
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert k.upcast_sizes[-1] == columns and len(k.packed) == 1, (channels, k.applied_opts)
+        if columns == 16:  # (the two-vector tile's results are checked by the 3x3 conv's test above)
+            want = np.einsum("ncyx,kc->nkyx", x, w[:, :, 0, 0])
+            np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_linear_layers_gathered_weights_go_one_vector_wide_where_two_would_not_pack() -> None:
     """x @ w.T + b with 32 vector registers: a reduce of 64 steps is too short to run in blocks, so w's block for a
     column tile (all 64 reduce steps) is packed whole: two vectors wide where that fits the scratch memory, else one
