@@ -543,3 +543,25 @@ def test_an_os_error_any_plugins_compiler_lets_through_is_a_compile_error(tmp_pa
     with pytest.raises(CompileError, match=r"Careless could not compile \(FileNotFoundError: .*/opt/gone/bin/cc") as e:
         Careless().compile_cached("int f(void) { return 0; }\n")
     assert e.value.src == "int f(void) { return 0; }\n" and isinstance(e.value.__cause__, FileNotFoundError)
+
+
+def test_scratch_memory_fits_every_stack_a_kernel_may_run_on(monkeypatch):
+    # a kernel's PACK blocks live on the stack of the thread that runs it: 512 KB where stacks are large, less where a
+    # thread's may be small (a lowered stack limit, threading.stack_size, musl's 128 KB threads)
+    import resource
+
+    import tg_clang.renderer as renderer_module
+
+    big = 8 << 20
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (big, resource.RLIM_INFINITY))
+    monkeypatch.setattr(renderer_module.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    assert renderer_module._scratch_bytes(512 * 1024) == 512 * 1024
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 20, resource.RLIM_INFINITY))
+    assert renderer_module._scratch_bytes(512 * 1024) == 128 * 1024
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    monkeypatch.setattr(renderer_module.threading, "stack_size", lambda: 256 * 1024)
+    assert renderer_module._scratch_bytes(512 * 1024) == 32 * 1024
+    monkeypatch.setattr(renderer_module.threading, "stack_size", lambda: 0)
+    if sys.platform.startswith("linux"):
+        monkeypatch.setattr(renderer_module.platform, "libc_ver", lambda: ("", ""))
+        assert renderer_module._scratch_bytes(512 * 1024) == 16 * 1024
