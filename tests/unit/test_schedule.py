@@ -227,6 +227,28 @@ def test_broadcast_operand_of_a_reduce_is_realized_once() -> None:
     np.testing.assert_allclose(got, np.maximum(a_np + 1, 0)[:, :1] * w_np[:1, :], rtol=1e-6)
 
 
+def test_an_epilogue_a_pool_reads_in_windows_joins_the_reduce_before_it() -> None:
+    # relu(x @ w + b) read by a max pool's overlapping windows (padded with -inf): the bias and ReLU run once per
+    # element, in the matmul's kernel, and the pool's kernel reads that one buffer; before, the pool recomputed them for
+    # every window and read the matmul's raw output and the bias
+    x_np, w_np, b_np = data(2, 6, 5), data(5, 8, seed=1), data(8, seed=2)
+    x, w, b = Tensor(x_np), Tensor(w_np), Tensor(b_np)
+    h = (x @ w + b).relu()
+    pooled = h.reshape(2, 1, 6, 8).pad2d((1, 1, 1, 1), value=float("-inf")).max_pool2d(3, 2)
+    schedule = [si for si in pooled.schedule() if si.ast.op is BufferOps.STORE]
+    assert len(schedule) == 2
+    assert len([b for b in schedule[-1].bufs if b is not None]) == 2  # the pool's output and the epilogue's
+    got, n = kernels(pooled)
+    assert n == 2
+    hp = np.pad(np.maximum(x_np @ w_np + b_np, 0), ((0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.lib.stride_tricks.sliding_window_view(hp, (3, 3), axis=(1, 2))[:, ::2, ::2].max(axis=(-2, -1))
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+    # an epilogue read unmoved (a sum along its rows) still joins the reduce that reads it
+    got, n = kernels((x @ w + b).relu().sum(axis=2))
+    assert n == 2
+    np.testing.assert_allclose(got, np.maximum(x_np @ w_np + b_np, 0).sum(axis=2), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [1 << 15, 33333, 40000])
 def test_big_full_reduce_runs_in_two_stages(n: int) -> None:
     # a reduce of everything is split (parallel partial results, then their reduce); sizes that no block divides

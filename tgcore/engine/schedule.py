@@ -5,7 +5,9 @@ Fusion rules:
   through any view (reshape, permute, expand, shrink, flip; pad only when the inlined ops map 0 to 0).
 - Elementwise ops feeding a reduce join the reduce's kernel, except an elementwise base that the reduce's
   operands read through an expand (a broadcast, as each matmul operand is): it would be recomputed for every
-  element it is broadcast to, so it is realized once (a kernel of its own) and loaded.
+  element it is broadcast to, so it is realized once (a kernel of its own) and loaded. Likewise an elementwise
+  epilogue of another reduce that a reduce reads through a moved view (a pool's windows over relu(conv + bias)): it
+  is realized, so it joins the first reduce's kernel (below) instead of being recomputed for every window.
 - A reduce whose result is read, unmoved, by exactly one kernel of its own shape (through elementwise ops
   only) joins that kernel too; otherwise it is a kernel of its own.
 - LoadOps (EMPTY, COPY, CONTIGUOUS, ASSIGN, CUSTOM) and the requested outputs are always realized.
@@ -109,6 +111,7 @@ class _Graph:
         self.seen: dict[LazyBuffer, None] = {}
         self.masked_reads: list[LazyBuffer] = []
         self.expanded_reads: list[tuple[LazyBuffer, LazyBuffer]] = []  # (elementwise base, its reader)
+        self.windowed_reads: list[LazyBuffer] = []  # elementwise bases a reduce reads through a moved view
         self.pad_safe: dict[LazyBuffer, bool] = {}
         self.post_order: list[LazyBuffer] = []  # every unrealized base, its sources first
         self.checks: dict[LazyBuffer, tuple[type, str]] = {}  # count of invalid values -> (error, message)
@@ -126,6 +129,9 @@ class _Graph:
         for b, reader in self.expanded_reads:
             if reader.op in ReduceOps or any(c.op in ReduceOps for c, _ in self.children.get(reader, [])):
                 self.realizes[b] = None
+        for b in self.windowed_reads:
+            for top in self._epilogues_below(b):
+                self.realizes[top] = None
         self._limit_kernels()
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
@@ -160,6 +166,8 @@ class _Graph:
                     self.masked_reads.append(sb)
                 if isinstance(sb.op, _INLINED) and _broadcasts(src.st):
                     self.expanded_reads.append((sb, b))
+                elif b.op in ReduceOps and isinstance(sb.op, _ELEMENTWISE):
+                    self.windowed_reads.append(sb)
             if sb not in self.seen:
                 self._enter(sb)
                 stack.append((sb, 0))
@@ -201,6 +209,45 @@ class _Graph:
                 self.checks[count.base] = (error, message)
         if (isinstance(b.op, LoadOps) and b.op is not LoadOps.CONST) or b.forced_realize:
             self.realizes[b] = None
+
+    def _epilogues_below(self, b: LazyBuffer) -> list[LazyBuffer]:
+        """The elementwise bases in b's inlined graph (b included) that are the top of a reduce's epilogue (each the
+        first one met from b down, _epilogue_of_reduce): what a reduce reading b through a moved view would otherwise
+        recompute for every window."""
+        tops, stack, seen = [], [b], {b}
+        while stack:
+            n = stack.pop()
+            if n in self.realizes:
+                continue
+            if self._epilogue_of_reduce(n):
+                tops.append(n)
+                continue
+            for s in n.srcs:
+                sb = s.base
+                if sb not in seen and sb.realized is None and isinstance(sb.op, _ELEMENTWISE):
+                    seen.add(sb)
+                    stack.append(sb)
+        return tops
+
+    def _epilogue_of_reduce(self, b: LazyBuffer) -> bool:
+        """Whether elementwise base `b` computes on the result of a reduce of this schedule, through elementwise ops
+        that read it unmoved (relu(conv + bias)): realized, it is that reduce's epilogue (_try_fuse_reduce). (Not
+        through a pad's or another view's move: the reduce could not join b's kernel, and b would be a kernel more.)"""
+        stack, seen = [b], set()
+        while stack:
+            n = stack.pop()
+            for s in n.srcs:
+                sb = s.base
+                if sb.realized is not None or sb in seen or sb.op is LoadOps.CONST:
+                    continue
+                if not s.st.contiguous or s.size != b.size:
+                    continue
+                if sb.op in ReduceOps:
+                    return True
+                if isinstance(sb.op, _ELEMENTWISE) and sb not in self.realizes:
+                    seen.add(sb)
+                    stack.append(sb)
+        return False
 
     def _pad_safe(self, b: LazyBuffer) -> bool:
         """Whether computing `b` inline gives 0 where a pad reads nothing (every op below it maps zeros to 0)."""
