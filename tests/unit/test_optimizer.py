@@ -507,11 +507,13 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
         PANEL_TILES * BLOCK_REDUCE * tile_columns(k)
     ]
     # a @ b.T: b's block is gathered into the pack, two vectors wide where the target has the registers for such a
-    # tile (32: AVX-512), else one, and the tile's vectors run along the output
-    k = check(device, lambda a, b: a @ b.T, data((64, 512)), data((256, 512)))
+    # tile (32: AVX-512), else one, and the tile's vectors run along the output; one vector wide where b's rows lie a
+    # multiple of 2 KB apart (512 floats: they share the L1 cache's sets)
     renderer = Device[device].renderer
-    width = renderer.vector_widths[dtypes.float32] * (2 if renderer.vector_registers >= 32 else 1)
-    assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
+    for k_size, wide in ((480, renderer.vector_registers >= 32), (512, False)):
+        k = check(device, lambda a, b: a @ b.T, data((64, k_size)), data((256, k_size)))
+        width = renderer.vector_widths[dtypes.float32] * (2 if wide else 1)
+        assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
     # and, in a Linear layer (x @ w.T + b), w's rows for one tile of columns, which are gathered once so
     check(device, lambda a, w: a @ w.T, data((8, 32)), data((32, 32)), opts=GATHERED)
     for dtype in (dtypes.float64, dtypes.float16, dtypes.int32):  # blocks of other element types

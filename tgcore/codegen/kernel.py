@@ -93,7 +93,7 @@ MIN_ACCUMULATORS = 8
 # vectors and a broadcast row value fit them (Kernel._wide_rows)
 WIDE_ROWS = (6, 7, 5)
 REDUCE_LANES = 16
-# gathered rows this many bytes apart (or a multiple) map to few sets of a CPU's L1 cache (Kernel._aliased_rows)
+# gathered rows this many bytes apart (or a multiple) map to few sets of a CPU's L1 cache (Kernel._aliased)
 ALIASED_BYTES = 2048
 
 
@@ -705,7 +705,7 @@ class Kernel:
                 # apart share one L1 set, more than its 8 ways (AVX2, a 1024 matmul: 16 rows 38 GFLOP/s, 8 rows 123;
                 # 128x3072 @ 3072x768 the same; with K = 3000 104 -> 143; a conv's 16 rows ran faster than 8)
                 far = [s for ld in loads if isinstance(s := self.stride_of(ld, row), int) and abs(s) >= ROW_FAR]
-                rows_max = (8 if far and self.opts.vector_registers < 32 else 16) if vw > 1 else 4
+                rows_max = (8 if far and self.opts.vector_registers < 32 or self._aliased(row) else 16) if vw > 1 else 4
                 limit = min(rows_max, MAX_UPCAST // max(col_amount, 1), budget // max(col_amount, 1))
                 row_amount = wide_rows or self._divisor(row_size, tuple(range(limit, 1, -1)))
                 if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)):
@@ -845,18 +845,21 @@ class Kernel:
             for among in (stored, broadcast):
                 for amount in widths:
                     fits = [a for a in among if a in contiguous and _int(self.full_shape[a]) % amount == 0]
+                    fits = [a for a in fits if amount == vw or not self._aliased(a)]
                     if fits:
                         return fits[-1], amount
             # no contiguous axis holds a vector: gather one along the axis with the smallest stride, of equal ones the
             # output's contiguous axis (a @ b.T: the tile stores whole vectors, and a blocked kernel packs b's block);
-            # two vectors wide where the gathered block will be packed (a @ b.T at 1024 and 2048: 8 x 32 tiles ran
-            # ~20% faster than 16 x 16, whose 16 rows of a, 4 KB apart, share one cache set)
+            # two vectors wide where the gathered block will be packed (a @ b.T at K = 768: 8 x 32 tiles ran ~10%
+            # faster than 8 x 16), but one where b's rows lie a multiple of 2 KB apart (_aliased: at K = 1024 and
+            # 2048 8 x 16 tiles ran 1.1-1.5x faster than 8 x 32, and 16 x 16 tiles, 16 rows of a in one cache set, 2x
+            # slower)
             for amount in widths if packs_wide else (vw,):
                 fits = [a for a in broadcast if _int(self.full_shape[a]) % amount == 0]
                 if fits:
                     strides = {a: [self.stride_of(ld, a) for ld in self.loads()] for a in fits}
                     col = min(fits, key=lambda a: (max(stride_order(s) for s in strides[a]), a not in stored))
-                    if amount > vw and self._aliased_rows(col):
+                    if amount > vw and self._aliased(col):
                         continue
                     return col, amount
         cols = [a for a in broadcast if a in contiguous]
@@ -905,19 +908,17 @@ class Kernel:
             if leaf in inside and self.shape_len - 1 in self.pack_axes(leaf):
                 self._try(Opt(OptOps.PACK, i, 0))
 
-    def _aliased_rows(self, col: int) -> bool:
-        """Whether the column axis `col` gathers an input's rows a multiple of ALIASED_BYTES apart and a tile's block
-        of it is packed whole, not in blocks (_block_for_cache blocks only a column axis that is the last global: a
-        conv's output channels come first). The copy then reads rows that share the L1 cache's sets, and a tile two
-        vectors wide ran far slower than one vector wide: ResNet-50's 1x1 convs at batch 1 on two AVX-512 cores, 2048
-        -> 512 at 7x7 1.30 -> 0.75 ms, 1024 -> 2048 stride 2 2.61 -> 1.51, 1024 -> 256 at 14x14 0.66 -> 0.53, 512 ->
-        2048 at 7x7 0.79 -> 0.55; the same conv from 2000 channels ran 0.52 ms either way, and 3x3 convs (rows 9 x
-        channels apart) ran 10% faster two vectors wide."""
-        if col == self.first_reduce - 1:
-            return False
+    def _aliased(self, axis: int) -> bool:
+        """Whether a load of the reduce reads rows along global `axis` that lie a multiple of ALIASED_BYTES apart
+        (neither broadcast nor contiguous): such rows share a few sets of a CPU's L1 cache, so a tile or a packing
+        copy that reads 16 or 32 of them at once evicts its own lines. On two AVX-512 Zen 4 cores, x @ w.T with
+        128 rows: K = 1024 in 32 columns of w 124 GFLOP/s, in 16 164; K = 2048 131 -> 175 (K = 768, 3 KB apart:
+        197 in 32, 178 in 16); ResNet-50's 1x1 convs, whose columns are output channels: 2048 -> 512 at 7x7 1.30 ->
+        0.75 ms, 1024 -> 2048 stride 2 2.61 -> 1.50, 512 -> 2048 at 7x7 0.79 -> 0.55 (from 2000 channels 0.52 ms
+        either way). A tile's rows too: 16 rows of x with 16 columns ran 81 GFLOP/s at K = 1024, 8 rows 164."""
         inside = set(self.reduceops[0].lazyops())
         return any(
-            isinstance(st := self.stride_of(ld, col), int)
+            isinstance(st := self.stride_of(ld, axis), int)
             and st not in (0, 1)
             and (st * ld.arg.dtype.itemsize) % ALIASED_BYTES == 0
             for ld in self.loads()
