@@ -915,7 +915,10 @@ class Kernel:
         128 rows: K = 1024 in 32 columns of w 124 GFLOP/s, in 16 164; K = 2048 131 -> 175 (K = 768, 3 KB apart:
         197 in 32, 178 in 16); ResNet-50's 1x1 convs, whose columns are output channels: 2048 -> 512 at 7x7 1.30 ->
         0.75 ms, 1024 -> 2048 stride 2 2.61 -> 1.50, 512 -> 2048 at 7x7 0.79 -> 0.55 (from 2000 channels 0.52 ms
-        either way). A tile's rows too: 16 rows of x with 16 columns ran 81 GFLOP/s at K = 1024, 8 rows 164."""
+        either way). A tile's rows too: 16 rows of x with 16 columns ran 81 GFLOP/s at K = 1024, 8 rows 164. (CPU
+        loops only: a GPU's work items read such rows in other patterns.)"""
+        if self.opts.global_max is not None:
+            return False
         inside = set(self.reduceops[0].lazyops())
         return any(
             isinstance(st := self.stride_of(ld, axis), int)
