@@ -11,9 +11,9 @@ built or loaded, `pool()` is None and the core's Python threads run the parts as
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
+import threading
 import warnings
 from typing import Any, Optional
 
@@ -194,10 +194,20 @@ int tg_run_parts(tg_kernel fn, uintptr_t *bufs, const long long *vals, int nvals
 """
 
 
-@functools.lru_cache(maxsize=None)
+_loaded: dict[int, Optional[Any]] = {}  # by id of the FFI (the runtime's one: it lives as long as the process)
+_load_lock = threading.Lock()  # (Programs may be made on several threads at once: one build, one cdef)
+
+
 def pool(ffi: Any) -> Optional[Any]:
     """The pool's library loaded through `ffi` (the runtime's FFI, whose tg_kernel type its calls take), or None
     (with a warning saying why) where CLANG's compiler cannot build it or this system cannot load it."""
+    with _load_lock:
+        if id(ffi) not in _loaded:
+            _loaded[id(ffi)] = _load(ffi)
+        return _loaded[id(ffi)]
+
+
+def _load(ffi: Any) -> Optional[Any]:
     from tg_clang.compiler import ClangCompiler
 
     try:
