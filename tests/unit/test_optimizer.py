@@ -430,6 +430,43 @@ def test_a_1x1_convs_weight_rows_2_kb_apart_keep_the_tile_one_vector_wide() -> N
             np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
+ROWWISE_OPTS = [
+    Opt(OptOps.UPCAST, 1, 16),
+    Opt(OptOps.UPCAST, 0, 4),
+    Opt(OptOps.UNROLL, 0, 4),
+    Opt(OptOps.SWAP, 0, 1),
+    Opt(OptOps.PACK, 1, 0),
+]
+
+
+def test_a_pack_of_rows_in_one_cache_set_is_copied_a_cache_line_of_each_row_at_a_time() -> None:
+    """x @ w.T packs w's rows for a tile of 16 columns (output features), 4 reduce steps a loop step. Rows 1024 floats
+    (4 KB) apart share one L1 set: copied as the kernel reads them, each step would read 4 elements of each of the 16
+    rows again; the copy takes 4 steps at a time instead, the 16 elements of a row's cache line in a row, each stored
+    on its own. Rows 512 floats apart (two sets) are copied as the kernel reads them. (Their results: below.)"""
+    renderer = cpu_style_python_with_scratch(256 * 1024)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 16}
+    renderer.vector_registers = 32
+    for size, rowwise in ((1024, True), (512, False)):
+        si = last_kernel("PYTHON", lambda x, w: x @ w.T, data((8, size)), data((32, size), seed=1))
+        k = Kernel(si.ast, renderer)
+        k.apply_opts(ROWWISE_OPTS)
+        uops = to_program(k).uops
+        pack = next(u for u in uops if u.op is UOps.DEFINE_LOCAL)
+        copies = [u for u in uops if u.op is UOps.STORE and u.src[0] is pack]
+        # scalar stores of 16 rows x 16 elements, in a loop of size / 4 / 4 steps; else 4 vector stores
+        assert len(copies) == (16 * 16 if rowwise else 4), size
+        assert all(u.src[2].dtype == (dtypes.float32 if rowwise else dtypes.float32.vec(16)) for u in copies)
+        assert ([u.src[1].arg for u in uops if u.op is UOps.RANGE].count(size // 16) == 1) is rowwise
+
+
+@pytest.mark.parametrize("device", [d for d in CPU_DEVICES if d != "PYTHON"])
+def test_a_pack_copied_row_by_row_keeps_results_on_cpu_devices(device: str) -> None:
+    x, w = data((8, 1024)), data((32, 1024), seed=1)
+    check(device, lambda x, w: x @ w.T, x, w, opts=ROWWISE_OPTS)
+    check(device, lambda x, w, b: (x @ w.T + b).relu(), x, w, data((32,), seed=2), opts=ROWWISE_OPTS)
+
+
 def test_a_linear_layers_gathered_weights_go_one_vector_wide_where_two_would_not_pack() -> None:
     """x @ w.T + b with 32 vector registers: a reduce of 64 steps is too short to run in blocks, so w's block for a
     column tile (all 64 reduce steps) is packed whole: two vectors wide where that fits the scratch memory, else one
