@@ -351,6 +351,14 @@ class Compiler:
 _compiled: dict[tuple[str, str], bytes] = {}
 
 
+def _declare_abilities(cls: type, flags: dict[str, str]) -> None:
+    """Set each flag to True on a class that defines its ability's method and does not set the flag itself (the
+    optional abilities of Program and Allocator: the core reads the flags, never hasattr)."""
+    for method, flag in flags.items():
+        if method in cls.__dict__ and flag not in cls.__dict__:
+            setattr(cls, flag, True)
+
+
 class Program:
     """One compiled kernel of a device, loaded and ready to launch: the class `tg_runtime` returns.
 
@@ -383,13 +391,12 @@ class Program:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "run_parts" in cls.__dict__ and "supports_parts" not in cls.__dict__:
-            cls.supports_parts = True
+        _declare_abilities(cls, {"run_parts": "supports_parts"})
 
     def __init__(self, device: str, name: str, lib: bytes) -> None:
         self.device, self.name, self.lib = device, name, lib
 
-    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: list[int], threads: int) -> None:
+    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: tuple[int, ...], threads: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not run parts itself (supports_parts is False)")
 
     def __call__(
@@ -427,9 +434,7 @@ class Allocator:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for ability in ("offset", "transfer", "as_buffer", "synchronize"):
-            if ability in cls.__dict__ and f"supports_{ability}" not in cls.__dict__:
-                setattr(cls, f"supports_{ability}", True)
+        _declare_abilities(cls, {a: f"supports_{a}" for a in ("offset", "transfer", "as_buffer", "synchronize")})
 
     def alloc(self, size: int, options: Any = None) -> Any:
         if size < 0:

@@ -463,8 +463,14 @@ def test_a_pack_of_rows_in_one_cache_set_is_copied_a_cache_line_of_each_row_at_a
 @pytest.mark.parametrize("device", [d for d in CPU_DEVICES if d != "PYTHON"])
 def test_a_pack_copied_row_by_row_keeps_results_on_cpu_devices(device: str) -> None:
     x, w = data((8, 1024)), data((32, 1024), seed=1)
-    check(device, lambda x, w: x @ w.T, x, w, opts=ROWWISE_OPTS)
-    check(device, lambda x, w, b: (x @ w.T + b).relu(), x, w, data((32,), seed=2), opts=ROWWISE_OPTS)
+    for k in (
+        check(device, lambda x, w: x @ w.T, x, w, opts=ROWWISE_OPTS),
+        check(device, lambda x, w, b: (x @ w.T + b).relu(), x, w, data((32,), seed=2), opts=ROWWISE_OPTS),
+    ):
+        if Device[device].renderer.vector_widths.get(dtypes.float32, 1) > 1:  # (the copy is row by row: scalars)
+            uops = to_program(k).uops
+            pack = next(u for u in uops if u.op is UOps.DEFINE_LOCAL)
+            assert sum(1 for u in uops if u.op is UOps.STORE and u.src[0] is pack) == 16 * 16
 
 
 def test_a_linear_layers_gathered_weights_go_one_vector_wide_where_two_would_not_pack() -> None:

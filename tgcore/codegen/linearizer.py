@@ -987,7 +987,7 @@ class Linearizer:
             block = LazyOp(BufferOps.LOAD, (), MemBuffer(-1 - n, leaf.arg.dtype, st))
             self.buffers[-1 - n] = buf
             loop_axes = [a for a in axes if a < k.first_upcast]
-            steps = self._rowwise_steps(leaf, block, loop_axes) if loop_axes else 0
+            steps = self._rowwise_steps(leaf, block, loop_axes)
             loops = self._open_loops([a for a in loop_axes if a < k.first_reduce], False)
             loops += self._open_loops([a for a in loop_axes if a >= k.first_reduce][: -1 if steps else None], True)
             if steps:
@@ -1025,7 +1025,8 @@ class Linearizer:
             return 0
         if any((b - a_) * itemsize % ROWWISE_APART for a_, b in zip(rows, rows[1:])):
             return 0  # (rows that spread over the cache's sets: copied as the kernel reads them, they ran faster)
-        if any(set(range(r, r + run)) - set(offsets) for r in rows):
+        present = set(offsets)
+        if any(o not in present for r in rows for o in range(r, r + run)):
             return 0
         steps = ROWWISE_BYTES // (run * itemsize)
         return steps if steps > 1 and size % steps == 0 else 0

@@ -165,9 +165,9 @@ if hasattr(os, "register_at_fork"):
 
 
 @functools.lru_cache(maxsize=1024)
-def _bounds(extent: int, parts: int) -> list[int]:
+def _bounds(extent: int, parts: int) -> tuple[int, ...]:
     """The bounds of `parts` near-equal parts of range(extent): part i is [bounds[i], bounds[i + 1])."""
-    return [extent * i // parts for i in range(parts + 1)]
+    return tuple(extent * i // parts for i in range(parts + 1))
 
 
 def _run_threaded(
@@ -183,13 +183,13 @@ def _run_threaded(
     threads take in turn. Each output element is written by exactly one part, so the result is the same on any
     number of threads."""
     threads = min(thread_count(), extent)
+    parts = min(extent, threads * per_thread)
     st = time.perf_counter()
     if threads <= 1:
         prg(*opaques, vals=vals + (0, extent))
     elif own_threads:  # the Program's threads take the parts (plugin.py, Program.run_parts)
-        prg.run_parts(*opaques, vals=vals, bounds=_bounds(extent, min(extent, threads * per_thread)), threads=threads)
+        prg.run_parts(*opaques, vals=vals, bounds=_bounds(extent, parts), threads=threads)
     else:
-        parts = min(extent, threads * per_thread)
         bounds = _bounds(extent, parts)
         turn = itertools.count()  # next() on it is atomic under the GIL
 

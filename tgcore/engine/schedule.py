@@ -112,6 +112,7 @@ class _Graph:
         self.masked_reads: list[LazyBuffer] = []
         self.expanded_reads: list[tuple[LazyBuffer, LazyBuffer]] = []  # (elementwise base, its reader)
         self.windowed_reads: list[LazyBuffer] = []  # elementwise bases a reduce reads through a moved view
+        self.epilogue: dict[LazyBuffer, bool] = {}  # _epilogue_of_reduce's answers
         self.pad_safe: dict[LazyBuffer, bool] = {}
         self.post_order: list[LazyBuffer] = []  # every unrealized base, its sources first
         self.checks: dict[LazyBuffer, tuple[type, str]] = {}  # count of invalid values -> (error, message)
@@ -130,8 +131,9 @@ class _Graph:
             if reader.op in ReduceOps or any(c.op in ReduceOps for c, _ in self.children.get(reader, [])):
                 self.realizes[b] = None
         for b in self.windowed_reads:
-            for top in self._epilogues_below(b):
-                self.realizes[top] = None
+            if tops := self._epilogues_below(b):
+                self.realizes.update(dict.fromkeys(tops))
+                self.epilogue.clear()  # (answers that read through what is realized now no longer hold)
         self._limit_kernels()
         self.fused_reduces: dict[LazyBuffer, list[LazyBuffer]] = {}
         for b in list(self.seen):
@@ -232,22 +234,35 @@ class _Graph:
     def _epilogue_of_reduce(self, b: LazyBuffer) -> bool:
         """Whether elementwise base `b` computes on the result of a reduce of this schedule, through elementwise ops
         that read it unmoved (relu(conv + bias)): realized, it is that reduce's epilogue (_try_fuse_reduce). (Not
-        through a pad's or another view's move: the reduce could not join b's kernel, and b would be a kernel more.)"""
-        stack, seen = [b], set()
+        through a pad's or another view's move: the reduce could not join b's kernel, and b would be a kernel more.)
+        Memoized (self.epilogue) and a loop, sources first: _epilogues_below asks it of every node of a chain."""
+        memo = self.epilogue
+        stack = [b]
         while stack:
-            n = stack.pop()
+            n = stack[-1]
+            if n in memo:
+                stack.pop()
+                continue
+            found, todo = False, []
             for s in n.srcs:
                 sb = s.base
-                if sb.realized is not None or sb in seen or sb.op is LoadOps.CONST:
-                    continue
-                if not s.st.contiguous or s.size != b.size:
+                if sb.realized is not None or sb.op is LoadOps.CONST or not s.st.contiguous or s.size != n.size:
                     continue
                 if sb.op in ReduceOps:
-                    return True
+                    found = True
+                    break
                 if isinstance(sb.op, _ELEMENTWISE) and sb not in self.realizes:
-                    seen.add(sb)
-                    stack.append(sb)
-        return False
+                    if sb not in memo:
+                        todo.append(sb)
+                    elif memo[sb]:
+                        found = True
+                        break
+            if found or not todo:
+                memo[n] = found
+                stack.pop()
+            else:
+                stack.extend(todo)
+        return memo[b]
 
     def _pad_safe(self, b: LazyBuffer) -> bool:
         """Whether computing `b` inline gives 0 where a pad reads nothing (every op below it maps zeros to 0)."""

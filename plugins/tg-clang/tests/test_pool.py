@@ -36,7 +36,7 @@ def program() -> ClangProgram:
 def _run(prg: ClangProgram, extent: int, parts: int, threads: int, extra: int = 0) -> np.ndarray:
     out = (ctypes.c_longlong * extent)()
     vals = (5, 2 + extra) + (0,) * extra
-    prg.run_parts(out, vals=vals, bounds=[extent * i // parts for i in range(parts + 1)], threads=threads)
+    prg.run_parts(out, vals=vals, bounds=tuple(extent * i // parts for i in range(parts + 1)), threads=threads)
     return np.frombuffer(out, dtype=np.int64)
 
 

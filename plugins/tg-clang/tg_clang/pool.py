@@ -28,7 +28,7 @@ MAX_VALS = 64
 # threads the pool may start besides the caller's
 MAX_WORKERS = 255
 
-POOL_SRC = r"""
+_SRC = r"""
 #define _POSIX_C_SOURCE 200809L /* (-std=c11 hides POSIX: clock_gettime, pthreads) */
 #include <pthread.h>
 #include <sched.h>
@@ -47,8 +47,9 @@ typedef void (*tg_kernel)(uintptr_t *bufs, const long long *vals);
 #define TG_PAUSE() ((void)0)
 #endif
 
-#define TG_MAX_VALS 64
-#define TG_MAX_WORKERS 255
+#define TG_MAX_VALS @MAX_VALS@
+#define TG_MAX_PARTS @MAX_PARTS@
+#define TG_MAX_WORKERS @MAX_WORKERS@
 #define TG_SPIN_NS 50000LL /* a worker spins this long after its last job before it sleeps */
 #define TG_STACK_BYTES (8 << 20) /* a kernel's scratch lives on its thread's stack: as much as glibc's default */
 
@@ -148,7 +149,7 @@ static int tg_start(int n) {
    of range (nothing was run). A call while another is running (another Python thread) runs its parts alone. */
 int tg_run_parts(tg_kernel fn, uintptr_t *bufs, const long long *vals, int nvals, const long long *bounds, int parts,
                  int threads) {
-  if (nvals < 0 || nvals > TG_MAX_VALS || parts < 0 || parts > 0xFFFF) return -1;
+  if (nvals < 0 || nvals > TG_MAX_VALS || parts < 0 || parts > TG_MAX_PARTS) return -1;
   long long v[TG_MAX_VALS + 2];
   if (threads <= 1 || parts <= 1 || pthread_mutex_trylock(&tg_pool.busy) != 0) {
     memcpy(v, vals, sizeof(long long) * (size_t)nvals);
@@ -186,6 +187,11 @@ int tg_run_parts(tg_kernel fn, uintptr_t *bufs, const long long *vals, int nvals
   return 0;
 }
 """
+POOL_SRC = (
+    _SRC.replace("@MAX_VALS@", str(MAX_VALS))
+    .replace("@MAX_PARTS@", str(MAX_PARTS))
+    .replace("@MAX_WORKERS@", str(MAX_WORKERS))
+)
 
 # (tg_kernel comes from the runtime's FFI)
 _CDEF = """

@@ -4,6 +4,7 @@ parts run on CLANG's own thread pool (pool.py)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import tempfile
 import time
@@ -21,6 +22,12 @@ _FFI = FFI()
 _FFI.cdef("typedef void (*tg_kernel)(uintptr_t *bufs, const long long *vals);")
 # the variables as 64-bit ints: a thread's bounds of a kernel past 2^31 - 1 iterations do not fit an int
 _PTRS, _INTS, _KERNEL = _FFI.typeof("uintptr_t[]"), _FFI.typeof("long long[]"), _FFI.typeof("tg_kernel")
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds_array(bounds: tuple[int, ...]) -> Any:
+    """`bounds` as a C array (the parts of a kernel's loop repeat with every launch: built once)."""
+    return _FFI.new(_INTS, bounds)
 
 
 class ClangProgram(Program):
@@ -70,7 +77,7 @@ class ClangProgram(Program):
         self.fxn(ptrs, ints)
         return time.perf_counter() - st
 
-    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: list[int], threads: int) -> None:
+    def run_parts(self, *bufs: Any, vals: tuple[int, ...], bounds: tuple[int, ...], threads: int) -> None:
         """The kernel once per part [bounds[i], bounds[i + 1]) on the pool's threads and this one (one C call: the GIL
         is released for all of it)."""
         parts = len(bounds) - 1
@@ -79,6 +86,5 @@ class ClangProgram(Program):
                 self(*bufs, vals=(*vals, bounds[i], bounds[i + 1]))
             return
         ints = _FFI.new(_INTS, vals) if vals else self._no_ints
-        bounds_array = _FFI.new(_INTS, bounds)
-        if self._pool.tg_run_parts(self.fxn, self._ptrs(bufs), ints, len(vals), bounds_array, parts, threads):
+        if self._pool.tg_run_parts(self.fxn, self._ptrs(bufs), ints, len(vals), _bounds_array(bounds), parts, threads):
             raise ValueError(f"{self.name}: {parts} parts of {len(vals)} vals are beyond CLANG's thread pool")
