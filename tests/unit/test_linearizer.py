@@ -314,3 +314,14 @@ def test_long_rows_are_one_kernel_in_lanes_in_a_fixed_order(device: str) -> None
     ref = ((x_np - x_np.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
     np.testing.assert_allclose((centred * centred).sum(axis=1).numpy(), ref, rtol=1e-5)
 
+
+
+def test_grid_sums_walk_the_grid_in_c_order_with_python_ints_past_int64() -> None:
+    from tgcore.codegen.linearizer import _grid_sums
+
+    sizes, weights = (2, 3, 4), [7, 0, -5]
+    expected = [i * 7 + k * -5 for i in range(2) for _ in range(3) for k in range(4)]
+    assert _grid_sums(sizes, weights) == expected
+    big = [2**62, 3]  # (past int64: exact Python ints, not wrapped)
+    assert _grid_sums((3, 2), big) == [i * 2**62 + j * 3 for i in range(3) for j in range(2)]
+    assert _grid_sums((), []) == [0]

@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, Optional, Union
 
+import numpy as np
+
 from tgcore.codegen.kernel import Kernel, _int, dtype_of, is_vector_bits_op, stride_order
 from tgcore.codegen.names import THREAD_BOUNDS, internal_prefix, variable_identifier
 from tgcore.codegen.uops import (
@@ -287,6 +289,7 @@ class Linearizer:
         self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
         self.index_terms: dict[LazyOp, tuple[Node, int]] = {}  # (see _access_index)
+        self.lane_combo_cache: dict[tuple[int, ...], list[int]] = {}  # (see _lane_combos)
         # every leaf whose accesses are lane 0's index plus constants: (that index, the constants, the validity
         # shared by every lane, None when always valid)
         self.lane_offsets: dict[LazyOp, tuple[Node, list[int], Optional[Node]]] = {}
@@ -468,36 +471,48 @@ class Linearizer:
         loop_idxs: list[Node] = [
             NumNode(0) if st.shape[i] == 1 else self.axis_vars[i] for i in range(self.k.first_upcast)
         ]
-        varying = [j for j, a in enumerate(self.upcast_axes) if st.shape[a] != 1]
-        combo_of: dict[tuple[int, ...], int] = {}
+        varying = tuple(j for j, a in enumerate(self.upcast_axes) if st.shape[a] != 1)
+        # the distinct accesses are every combination of the varying axes' indices, in C order (the order in which
+        # the lanes first make them); a lane makes the one its own indices along those axes pick
+        sizes = self.k.upcast_sizes
+        keys = list(itertools.product(*(range(sizes[j]) for j in varying)))
+        lane_combo = self._lane_combos(varying)
         combos: list[Optional[tuple[Node, Optional[Node]]]] = []
-        lane_combo: list[int] = []
         # the common case: a lane's index is lane 0's plus a constant, so the symbolic index is built once (with a
         # Variable per upcast axis) instead of once per lane (ResNet-50's 109 kernels lowered in 15 s, then in 8)
-        linear = self._lane_linear(st, loop_idxs, varying) if varying else None
+        linear = self._lane_linear(st, loop_idxs, list(varying)) if varying else None
         offsets: list[int] = []  # (each access's index minus lane 0's, when `linear` made them)
-        for lane in self.lanes:
-            key = tuple(lane[j] for j in varying)
-            if key not in combo_of:
-                combo_of[key] = len(combos)
-                if linear is not None:
-                    base, coefs, valid, lane_vars = linear
-                    offsets.append(sum(lane[j] * c for j, c in coefs.items()))
-                    if lane_vars:  # the validity depends on the lane: each access's own, with its lane's indices
-                        v = valid.substitute({var: NumNode(lane[j]) for var, j in lane_vars.items()})
-                        combos.append((base + offsets[-1], None if isinstance(v, NumNode) and int(v.b) == 1 else v))
-                    else:  # (built when a lane needs it on its own: see access())
-                        combos.append((base, valid) if offsets[-1] == 0 else None)
-                    lane_combo.append(combo_of[key])
-                    continue
-                up: list[Node] = [NumNode(lane[j] if j in varying else 0) for j in range(len(self.upcast_axes))]
+        if linear is not None:
+            base, coefs, valid, lane_vars = linear
+            offsets = _grid_sums([self.k.upcast_sizes[j] for j in varying], [coefs[j] for j in varying])
+            for key, offset in zip(keys, offsets):
+                if lane_vars:  # the validity depends on the lane: each access's own, with its lane's indices
+                    at = dict(zip(varying, key))
+                    v = valid.substitute({var: NumNode(at[j]) for var, j in lane_vars.items()})
+                    combos.append((base + offset, None if isinstance(v, NumNode) and int(v.b) == 1 else v))
+                else:  # (built when a lane needs it on its own: see access())
+                    combos.append((base, valid) if offset == 0 else None)
+        else:
+            for key in keys:
+                at = dict(zip(varying, key))
+                up: list[Node] = [NumNode(at.get(j, 0)) for j in range(len(self.upcast_axes))]
                 idx, valid = st.expr_idxs(loop_idxs + up)
                 combos.append((idx, None if isinstance(valid, NumNode) and int(valid.b) == 1 else valid))
-            lane_combo.append(combo_of[key])
         self.index_nodes_cache[leaf] = (lane_combo, combos)  # type: ignore[assignment]
         if linear is not None:
             self.lane_offsets[leaf] = (linear[0], offsets, linear[2])
         return lane_combo, combos  # type: ignore[return-value]
+
+    def _lane_combos(self, varying: tuple[int, ...]) -> list[int]:
+        """For each lane, the index of its combination of the `varying` upcast axes' indices among all of them in C
+        order (shared by every leaf that varies along the same axes)."""
+        if (got := self.lane_combo_cache.get(varying)) is None:
+            sizes = self.k.upcast_sizes
+            weights = [0] * len(sizes)
+            for j in varying:  # (mixed radix: an axis counts the combinations of the axes after it)
+                weights[j] = prod(sizes[i] for i in varying if i > j)
+            got = self.lane_combo_cache[varying] = _grid_sums(sizes, weights)
+        return got
 
     def _lane_linear(
         self, st: ShapeTracker, loop_idxs: list[Node], varying: list[int]
@@ -505,9 +520,7 @@ class Linearizer:
         """When `st`'s flat index is lane 0's plus a constant per lane (an int coefficient times each varying upcast
         axis's index): (lane 0's index, each axis's coefficient, the validity (None when always valid), and the lane
         Variables it depends on, by axis); else None. Built once with a Variable in place of each upcast index."""
-        lane_vars = {
-            Variable(f"{self.lane_prefix}{j}", 0, st.shape[self.upcast_axes[j]] - 1): j for j in varying
-        }
+        lane_vars = {Variable(f"{self.lane_prefix}{j}", 0, st.shape[self.upcast_axes[j]] - 1): j for j in varying}
         axis_of = {j: var for var, j in lane_vars.items()}
         up = [axis_of.get(j, NumNode(0)) for j in range(len(self.upcast_axes))]
         idx, valid = st.expr_idxs(loop_idxs + up)
@@ -1206,3 +1219,14 @@ def _hoisted(uops: list[UOp]) -> list[UOp]:
             blocks[-1].append(u)
     assert len(blocks) == 1, "unbalanced loops"
     return blocks[0]
+
+
+def _grid_sums(sizes: list[int] | tuple[int, ...], weights: list[int]) -> list[int]:
+    """Over every combination of indices below `sizes`, in C order: the indices times `weights`, summed."""
+    big = sum(abs(w) * s for w, s in zip(weights, sizes)) >= 2**62  # (beyond int64: Python ints)
+    total = np.zeros(tuple(sizes), dtype=object if big else np.int64)
+    for i, (size, weight) in enumerate(zip(sizes, weights)):
+        if weight:
+            ramp = np.arange(size, dtype=np.int64).astype(total.dtype) * weight
+            total = total + ramp.reshape([-1 if k == i else 1 for k in range(len(sizes))])
+    return total.ravel().tolist()  # type: ignore[no-any-return]
