@@ -295,3 +295,29 @@ def test_kernels_of_the_core_build_and_agree_with_numpy(tmp_path: Any, cc: str) 
         fn = build(spec.src, spec.name, tmp_path, cc)
         fn(*[x.ctypes.data_as(ctypes.c_void_p) for x in bufs])
         np.testing.assert_allclose(bufs[0], want, rtol=1e-5, atol=1e-5)
+
+
+class OffsetC(CStyleLanguage):
+    """The base spelling `x + c` accesses as pointer offsets."""
+
+    pointer_offsets = True
+
+
+@pytest.mark.parametrize("cc", COMPILERS)
+def test_pointer_offsets_need_no_statement_unless_used_as_a_value(tmp_path: Any, cc: str) -> None:
+    # out[i] = a[i + 1] * 2 + (i + 2), over i < 7: i + 1 only addresses (spelled in the access), i + 2 is also a value
+    b = Builder()
+    out, a = b.buf(dtypes.int32, writable=True), b.buf(dtypes.int32)
+    i = b.loop(7)
+    at = b.alu(BinaryOps.ADD, dtypes.int32, i, b.const(1, dtypes.int32))
+    value = b.alu(BinaryOps.ADD, dtypes.int32, i, b.const(2, dtypes.int32))
+    doubled = b.alu(BinaryOps.MUL, dtypes.int32, b.load(a, at), b.const(2, dtypes.int32))
+    b.store(out, i, b.alu(BinaryOps.ADD, dtypes.int32, doubled, value))
+    uops = b.finish()
+    src = OffsetC().render("kern", uops)
+    assert "(data1+gidx0)[1]" in src
+    statements = [line.strip() for line in src.splitlines() if line.strip().startswith("int32_t alu")]
+    assert len(statements) == 3, src  # i + 2, the product and the sum; i + 1 is spelled in the access alone
+    x, o = np.arange(8, dtype=np.int32) * 3, np.zeros(7, dtype=np.int32)
+    run(OffsetC(), uops, [o, x], tmp_path, cc)
+    np.testing.assert_array_equal(o, x[1:] * 2 + np.arange(7) + 2)

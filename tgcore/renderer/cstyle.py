@@ -379,6 +379,19 @@ class CStyleLanguage(Renderer):
         fill = f"(({a})<0?-1:0)" if dtypes.is_int(dt) and not dtypes.is_unsigned(dt) else "0"
         return f"({out_of_range}?{fill}:(({a})>>({b})))"
 
+    def _folded_offsets(self, uops: list[UOp]) -> set[int]:
+        """The ids of the index + constant uops that every user spells as a pointer offset (render_access, where
+        pointer_offsets): they need no statement of their own."""
+        if not self.pointer_offsets:
+            return set()
+        folded = {id(u) for u in uops if u.op is UOps.ALU and u.arg is BinaryOps.ADD and u.src[-1].op is UOps.CONST}
+        for u in uops:
+            access = u.op is UOps.LOAD or u.op is UOps.STORE
+            for position, s in enumerate(u.src):
+                if not (access and position == 1):
+                    folded.discard(id(s))
+        return folded
+
     # ***** the walk *****
 
     def render(self, name: str, uops: list[UOp]) -> str:
@@ -391,6 +404,7 @@ class CStyleLanguage(Renderer):
         # local arrays first, at the kernel's outermost scope (OpenCL, CUDA and Metal declare them only there)
         uops = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
         plain = plain_index_ops(uops) if self.wrap_signed else set()
+        folded = self._folded_offsets(uops)
         depth = 0
         counter: dict[str, int] = {}
 
@@ -470,6 +484,8 @@ class CStyleLanguage(Renderer):
                 store = self.render_store(access, s[2], u.src[0].dtype.base)
                 emit(f"if ({s[3]}) {store}" if len(s) == 4 else store)
             elif u.op is UOps.ALU:
+                if id(u) in folded:  # (spelled where it is used)
+                    continue
                 assert dt is not None and u.src[0].dtype is not None
                 src_dt = u.src[-1].dtype if u.arg is TernaryOps.WHERE else u.src[0].dtype
                 assert src_dt is not None
