@@ -903,3 +903,36 @@ def test_a_transpose_reads_its_input_in_blocks() -> None:
     k.hand_coded_optimizations()
     assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == [8, 8]
     np.testing.assert_array_equal(run("PYTHON", si, k).reshape(2, 8, 8, 16), x.transpose(0, 2, 3, 1))
+
+
+def test_a_row_reduce_past_l2_reads_one_row_at_a_time() -> None:
+    """A plain row sum or max of more than 1 MB, read in whole vectors, streams one row at a time (no upcast of the
+    output axis); in cache, of a computed value, or narrower than a vector, its rows keep several accumulators."""
+    renderer = cpu_style_python()  # (choosing as for a target with 16-float vectors and a vector MAX)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 16}
+    renderer.vector_uops = True
+    renderer.vector_math = (*renderer.vector_math, BinaryOps.MAX)
+    cases: list[tuple[tuple[int, int], Callable[[Tensor], Tensor], bool]] = [
+        ((1024, 512), lambda x: x.sum(axis=1), False),  # 2 MB: one row at a time
+        ((1024, 512), lambda x: x.max(axis=1), False),
+        ((64, 512), lambda x: x.sum(axis=1), True),  # 128 KB, in cache: 4 rows at once
+        ((1024, 512), lambda x: x.exp().sum(axis=1), True),  # an exp an element
+        ((1024, 500), lambda x: x.sum(axis=1), True),  # rows of 500 floats: no lane reduce
+    ]
+    for shape, build, upcast in cases:
+        k = Kernel(build(Tensor.empty(*shape, device="PYTHON")).schedule()[-1].ast, renderer)
+        k.hand_coded_optimizations()
+        rows_at_once = [o for o in k.applied_opts if o.op is OptOps.UPCAST and o.axis == 0]
+        assert bool(rows_at_once) == upcast, (shape, k.applied_opts)
+
+
+@pytest.mark.parametrize("device", [d for d in CPU_DEVICES if d != "PYTHON"])
+def test_row_reduces_read_one_row_at_a_time_agree_with_numpy(device: str) -> None:
+    x = data((2048, 512))
+    for axis_op, ref in (("sum", x.sum(axis=1)), ("max", x.max(axis=1))):
+        si = last_kernel(device, lambda t: getattr(t, axis_op)(axis=1), x)
+        k = get_kernel(Device[device].renderer, si.ast, device)
+        got = run(device, si, k)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+        plain = run(device, si, Kernel(si.ast, Device[device].renderer))
+        assert same(got, plain), (axis_op, k.applied_opts)

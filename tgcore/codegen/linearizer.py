@@ -55,11 +55,6 @@ ROWWISE_BYTES, ROWWISE_APART = 64, 4096
 # vector uops (a renderer with `vector_uops`): the dtypes and ops they are used for, and the most lanes in one
 _VECTOR_REDUCE = (ReduceOps.SUM,)
 MAX_VECTOR = 16
-# a float32 SUM of this many terms per accumulator or more is compensated (see Linearizer._compensated): float32
-# adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
-# compensated sum by a few ulps whatever n. It costs three adds per term (4-8% of a 64 MB sum here); a row of 4096
-# (256 terms per lane of a lane reduce) stays below it.
-COMPENSATED_MIN = 1024
 # a value of one group of lanes: a vector uop, or one scalar uop per lane
 Value = Union[UOp, tuple[UOp, ...]]
 # the values int32 index arithmetic holds; a kernel whose index values may leave them computes its indices in int64
@@ -806,7 +801,7 @@ class Linearizer:
         accs: dict[tuple[int, ...], Value] = {}
         for key in groups_of:
             accs[key] = self._new_acc(dt, vector, init)
-        if compensated := self._compensated(op):  # each accumulator's rounding errors, summed
+        if compensated := self.k.compensated_sum(op):  # each accumulator's rounding errors, summed
             errors = {key: self._new_acc(dt, vector, 0) for key in groups_of}
         if k.inner_globals:  # the accumulators start from what the outer reduce loops left in the output
             for key, groups in groups_of.items():
@@ -889,21 +884,6 @@ class Linearizer:
         if vector:
             return self.uop(UOps.DEFINE_ACC, dt.vec(self.width), (), init, cse=False)
         return tuple(self.uop(UOps.DEFINE_ACC, dt, (), init, cse=False) for _ in range(self.width))
-
-    def _compensated(self, op: LazyOp) -> bool:
-        """Whether reduce `op` is a compensated sum: a float32 SUM into one value, or of at least COMPENSATED_MIN
-        terms per accumulator, that is not a contraction (a matmul or conv: products of inputs that other outputs
-        reuse, accumulated as they come, as BLAS does). The choice depends on the AST alone, so every device and
-        every optimization of a kernel sums the same way."""
-        k = self.k
-        if op.op is not ReduceOps.SUM or dtype_of(op) != dtypes.float32 or k.inner_globals:
-            return False
-        if k.is_contraction():
-            return False
-        if all(s == 1 for a, s in enumerate(k.full_shape) if not k.is_reduce_axis(a)):
-            return True  # a sum into one value (as the last stage of a reduce of everything): cheap, and exact matters
-        sizes = [s if isinstance(s, int) else s.max for a, s in enumerate(k.full_shape) if k.is_reduce_axis(a)]
-        return prod(sizes) // max(k.reduce_lanes, 1) >= COMPENSATED_MIN  # (terms per lane)
 
     def _fast2sum(self, s: UOp, v: UOp) -> tuple[UOp, UOp]:
         """t = s + v and the rounding error of that add, (s - t) + v (Fast2Sum: exact while |s| >= |v|, i.e. once the
