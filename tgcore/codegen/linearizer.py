@@ -97,9 +97,13 @@ class Linearizer:
         self.vector_select = has_vector_select(self.vector_math)  # float32 comparisons into masks, selects by them
         self.header: list[UOp] = []  # DEFINE_GLOBAL, DEFINE_VAR and CONST uops, before any loop
         self.uops: list[UOp] = []
-        self.scopes: list[dict[tuple[Any, ...], UOp]] = [{}]
+        # the uops emitted so far that later ones may reuse (common subexpressions), by (op, dtype, sources, arg): one
+        # table for every open scope, and each scope's keys, dropped from it when the scope closes
+        self.cse: dict[tuple[Any, ...], UOp] = {}
+        self.scopes: list[list[tuple[Any, ...]]] = [[]]
         # each scope's index Nodes already lowered (a kernel's lanes share most of their index terms)
-        self.node_scopes: list[dict[Node, UOp]] = [{}]
+        self.node_cse: dict[Node, UOp] = {}
+        self.node_scopes: list[list[Node]] = [[]]
         self.consts: dict[tuple[Any, ...], UOp] = {}
         self.global_size: Optional[tuple[sint, ...]] = None
         self.local_size: Optional[tuple[int, ...]] = None
@@ -121,14 +125,13 @@ class Linearizer:
     ) -> UOp:
         """Emit a uop, or return the equal one already emitted in an enclosing scope."""
         key = (op, dtype, tuple(map(id, src)), arg)
-        if cse:
-            for scope in reversed(self.scopes):
-                if key in scope:
-                    return scope[key]
+        if cse and (u := self.cse.get(key)) is not None:
+            return u
         u = UOp(op, dtype, src, arg)
         self.uops.append(u)
         if cse:
-            self.scopes[-1][key] = u
+            self.cse[key] = u
+            self.scopes[-1].append(key)
         return u
 
     def const(self, val: ConstType, dtype: DType) -> UOp:
@@ -143,14 +146,16 @@ class Linearizer:
 
     def open_range(self, start: UOp, end: UOp, axis: int, reduce: bool) -> UOp:
         r = self.uop(UOps.RANGE, self.index_dtype, (start, end), (axis, reduce), cse=False)
-        self.scopes.append({})
-        self.node_scopes.append({})
+        self.scopes.append([])
+        self.node_scopes.append([])
         return r
 
     def close_range(self, r: UOp) -> None:
         self.uop(UOps.ENDRANGE, None, (r,), cse=False)
-        self.scopes.pop()
-        self.node_scopes.pop()
+        for key in self.scopes.pop():  # (what was computed inside the loop is not valid after it)
+            del self.cse[key]
+        for n in self.node_scopes.pop():
+            del self.node_cse[n]
 
     # ***** index math: symbolic Node -> uops *****
 
@@ -172,10 +177,10 @@ class Linearizer:
         if isinstance(n, int):
             self.check_index(n, n)
             return self.const(n, self.index_dtype)
-        for scope in reversed(self.node_scopes):
-            if (u := scope.get(n)) is not None:
-                return u
-        u = self.node_scopes[-1][n] = self._node(n)
+        if (u := self.node_cse.get(n)) is not None:
+            return u
+        u = self.node_cse[n] = self._node(n)
+        self.node_scopes[-1].append(n)
         return u
 
     def _node(self, n: Node) -> UOp:
