@@ -84,6 +84,8 @@ def is_vector_bitcast(src: DType, dst: DType) -> bool:
 def is_vector_shift(dt: DType, amount: Any) -> bool:
     """Whether SHL of `dt` (a scalar dtype) by the constant `amount` may run on whole vectors (VECTOR_BITS)."""
     return dt in VECTOR_BITS.values() and isinstance(amount, int) and 0 <= amount < dt.itemsize * 8
+
+
 # the ops of a renderer's `vector_math` that take or give bool vectors (masks), and the one dtype they compare and
 # select: a comparison's mask has a lane per compared element, of that element's width in C's vector extensions
 VECTOR_SELECT = (BinaryOps.CMPLT, BinaryOps.CMPEQ, TernaryOps.WHERE)
@@ -93,6 +95,8 @@ VECTOR_SELECT_DTYPE = dtypes.float32
 def has_vector_select(vector_math: Any) -> bool:
     """Whether a renderer's `vector_math` declares the masks: CMPLT, CMPEQ and WHERE, the three together."""
     return all(op in vector_math for op in VECTOR_SELECT)
+
+
 # the dtypes of index arithmetic (see the module docstring)
 INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 
@@ -170,11 +174,12 @@ def index_uops(uops: list[UOp]) -> set[int]:
     return addressing
 
 
-def plain_index_ops(uops: list[UOp]) -> set[int]:
+def plain_index_ops(uops: list[UOp], index: Optional[set[int]] = None) -> set[int]:
     """The ids of the int32 and int64 `+ - *` uops of the index arithmetic (index_uops): they cannot overflow for a
     valid kernel, so a renderer that spells int math to wrap (numpy's semantics) may spell these plainly instead,
     which lets its compiler fold them into addresses."""
-    index = index_uops(uops)
+    if index is None:  # (index_uops(uops), where the caller has it)
+        index = index_uops(uops)
     return {
         id(u)
         for u in uops

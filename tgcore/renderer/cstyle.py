@@ -403,7 +403,9 @@ class CStyleLanguage(Renderer):
         kernel.extend(self.kernel_prologue(launch))
         # local arrays first, at the kernel's outermost scope (OpenCL, CUDA and Metal declare them only there)
         uops = [u for u in uops if u.op is UOps.DEFINE_LOCAL] + [u for u in uops if u.op is not UOps.DEFINE_LOCAL]
-        plain = plain_index_ops(uops) if self.wrap_signed else set()
+        # the index arithmetic (index_uops), found once: what wrap_signed spells plainly and index_type spells wide
+        index = index_uops(uops) if self.wrap_signed or self.index_type is not None else set()
+        plain = plain_index_ops(uops, index) if self.wrap_signed else set()
         folded = self._folded_offsets(uops)
         depth = 0
         counter: dict[str, int] = {}
@@ -416,8 +418,7 @@ class CStyleLanguage(Renderer):
             kernel.append("  " * depth + line)
 
         # the int32 index arithmetic, spelled in index_type (if the dialect sets one)
-        index = index_uops(uops) if self.index_type is not None else set()
-        wide = {id(u) for u in uops if id(u) in index and u.dtype == dtypes.int32}
+        wide = set() if self.index_type is None else {id(u) for u in uops if id(u) in index and u.dtype == dtypes.int32}
 
         def int_t(u: UOp) -> str:
             assert u.dtype is not None
