@@ -289,6 +289,7 @@ class Linearizer:
         self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
         self.index_terms: dict[LazyOp, tuple[Node, int]] = {}  # (see _access_index)
+        self.lane_valids: dict[LazyOp, list[Optional[Node]]] = {}  # (see index_nodes)
         self.lane_combo_cache: dict[tuple[int, ...], list[int]] = {}  # (see _lane_combos)
         # every leaf whose accesses are lane 0's index plus constants: (that index, the constants, the validity
         # shared by every lane, None when always valid)
@@ -482,16 +483,23 @@ class Linearizer:
         # Variable per upcast axis) instead of once per lane (ResNet-50's 109 kernels lowered in 15 s, then in 8)
         linear = self._lane_linear(st, loop_idxs, list(varying)) if varying else None
         offsets: list[int] = []  # (each access's index minus lane 0's, when `linear` made them)
+        valids: list[Optional[Node]] = []  # (each access's validity, where it depends on the lane)
         if linear is not None:
             base, coefs, valid, lane_vars = linear
             offsets = _grid_sums([self.k.upcast_sizes[j] for j in varying], [coefs[j] for j in varying])
+            by_lanes: dict[tuple[int, ...], Node] = {}
             for key, offset in zip(keys, offsets):
                 if lane_vars:  # the validity depends on the lane: each access's own, with its lane's indices
                     at = dict(zip(varying, key))
-                    v = valid.substitute({var: NumNode(at[j]) for var, j in lane_vars.items()})
-                    combos.append((base + offset, None if isinstance(v, NumNode) and int(v.b) == 1 else v))
+                    picked = tuple(at[j] for j in lane_vars.values())  # (the accesses that agree there share it)
+                    if (v := by_lanes.get(picked)) is None:
+                        v = by_lanes[picked] = valid.substitute({var: NumNode(at[j]) for var, j in lane_vars.items()})
+                    valids.append(None if isinstance(v, NumNode) and int(v.b) == 1 else v)
+                    combos.append(None)
                 else:  # (built when a lane needs it on its own: see access())
                     combos.append((base, valid) if offset == 0 else None)
+            if lane_vars:
+                self.lane_valids[leaf] = valids
         else:
             for key in keys:
                 at = dict(zip(varying, key))
@@ -544,6 +552,8 @@ class Linearizer:
         combos = self.index_nodes(leaf)[1]
         if (got := combos[combo]) is None:  # lane 0's index plus the access's constant offset
             base, offsets, valid = self.lane_offsets[leaf]
+            if (valids := self.lane_valids.get(leaf)) is not None:
+                valid = valids[combo]
             got = combos[combo] = (base + offsets[combo], valid)
         return got
 
@@ -558,7 +568,11 @@ class Linearizer:
         (_offsets), that is lane 0's terms plus one constant, with no Node math per access."""
         if (known := self._offsets(leaf)) is None:
             return self.node(self.access(leaf, combo)[0])
-        base, offsets = known
+        return self._offset_index(leaf, combo, *known)
+
+    def _offset_index(self, leaf: LazyOp, combo: int, base: Node, offsets: list[int]) -> UOp:
+        """Access `combo` of `leaf`, whose accesses are lane 0's index `base` plus `offsets`, as a uop: lane 0's
+        terms plus one constant."""
         if (split := self.index_terms.get(leaf)) is None:  # (lane 0's index as its variable terms and its constant)
             terms = base.nodes if isinstance(base, SumNode) else (base,)
             const = sum(int(t.b) for t in terms if isinstance(t, NumNode))
@@ -587,7 +601,7 @@ class Linearizer:
             offsets, lanes = known[1], lane_combo[group * self.width : (group + 1) * self.width]
             return idx0 if all(offsets[c] - offsets[first] == i for i, c in enumerate(lanes)) else None
         for i in range(1, self.width):
-            idx, valid = combos[lane_combo[group * self.width + i]]
+            idx, valid = self.access(leaf, lane_combo[group * self.width + i])
             diff = idx - idx0
             if valid is not None or not isinstance(diff, NumNode) or int(diff.b) != i:
                 return None
@@ -711,6 +725,21 @@ class Linearizer:
             buf = self.buffers[op.arg.idx]
             lanes = self._group_lanes(g)
             return tuple(self.uop(UOps.LOAD, dt, (buf, self._access_index(op, lane_combo[lane]))) for lane in lanes)
+        if op.op is not BufferOps.CONST and (valids := self.lane_valids.get(op)) is not None:
+            # the validity depends on the lane, the index is lane 0's plus a constant: each lane's index with no Node
+            # math (lane 0's terms lowered once), its validity as its own
+            base, offsets = self.lane_offsets[op][:2]
+            buf, zero = self.buffers[op.arg.idx], self.const(0, dt)
+            out = []
+            for lane in self._group_lanes(g):
+                combo = lane_combo[lane]
+                if isinstance(valid := valids[combo], NumNode):
+                    out.append(zero)
+                    continue
+                at = self._offset_index(op, combo, base, offsets)
+                src = (buf, at) if valid is None else (buf, at, self.node(valid), zero)
+                out.append(self.uop(UOps.LOAD, dt, src))
+            return tuple(out)
         return tuple(self._lower_leaf(op, *self.access(op, lane_combo[lane])) for lane in self._group_lanes(g))
 
     def _lower_gather(self, op: LazyOp) -> list[Value]:
