@@ -927,7 +927,7 @@ def test_a_row_reduce_past_l2_reads_one_row_at_a_time() -> None:
 
 
 @pytest.mark.parametrize("device", [d for d in CPU_DEVICES if d != "PYTHON"])
-def test_row_reduces_read_one_row_at_a_time_agree_with_numpy(device: str) -> None:
+def test_row_reduces_past_l2_agree_with_numpy_and_the_plain_kernel(device: str) -> None:
     x = data((2048, 512))
     for axis_op, ref in (("sum", x.sum(axis=1)), ("max", x.max(axis=1))):
         si = last_kernel(device, lambda t: getattr(t, axis_op)(axis=1), x)

@@ -289,7 +289,8 @@ class Linearizer:
         self.width = self._vector_width()
         self.index_nodes_cache: dict[LazyOp, tuple[list[int], list[tuple[Node, Optional[Node]]]]] = {}
         self.index_terms: dict[LazyOp, tuple[Node, int]] = {}  # (see _access_index)
-        self.lane_valids: dict[LazyOp, list[Optional[Node]]] = {}  # (see index_nodes)
+        # each access's validity, for a leaf (in lane_offsets) whose validity depends on the lane
+        self.lane_valids: dict[LazyOp, list[Optional[Node]]] = {}
         self.lane_combo_cache: dict[tuple[int, ...], list[int]] = {}  # (see _lane_combos)
         # every leaf whose accesses are lane 0's index plus constants: (that index, the constants, the validity
         # shared by every lane, None when always valid)
@@ -475,8 +476,8 @@ class Linearizer:
         varying = tuple(j for j, a in enumerate(self.upcast_axes) if st.shape[a] != 1)
         # the distinct accesses are every combination of the varying axes' indices, in C order (the order in which
         # the lanes first make them); a lane makes the one its own indices along those axes pick
-        sizes = self.k.upcast_sizes
-        keys = list(itertools.product(*(range(sizes[j]) for j in varying)))
+        sizes = [self.k.upcast_sizes[j] for j in varying]
+        keys = list(itertools.product(*(range(size) for size in sizes)))
         lane_combo = self._lane_combos(varying)
         combos: list[Optional[tuple[Node, Optional[Node]]]] = []
         # the common case: a lane's index is lane 0's plus a constant, so the symbolic index is built once (with a
@@ -486,7 +487,7 @@ class Linearizer:
         valids: list[Optional[Node]] = []  # (each access's validity, where it depends on the lane)
         if linear is not None:
             base, coefs, valid, lane_vars = linear
-            offsets = _grid_sums([self.k.upcast_sizes[j] for j in varying], [coefs[j] for j in varying])
+            offsets = _grid_sums(sizes, [coefs[j] for j in varying])
             by_lanes: dict[tuple[int, ...], Node] = {}
             for key, offset in zip(keys, offsets):
                 if lane_vars:  # the validity depends on the lane: each access's own, with its lane's indices
@@ -729,17 +730,12 @@ class Linearizer:
             # the validity depends on the lane, the index is lane 0's plus a constant: each lane's index with no Node
             # math (lane 0's terms lowered once), its validity as its own
             base, offsets = self.lane_offsets[op][:2]
-            buf, zero = self.buffers[op.arg.idx], self.const(0, dt)
-            out = []
-            for lane in self._group_lanes(g):
-                combo = lane_combo[lane]
-                if isinstance(valid := valids[combo], NumNode):
-                    out.append(zero)
-                    continue
-                at = self._offset_index(op, combo, base, offsets)
-                src = (buf, at) if valid is None else (buf, at, self.node(valid), zero)
-                out.append(self.uop(UOps.LOAD, dt, src))
-            return tuple(out)
+            return tuple(
+                self.const(0, dt)  # (never valid)
+                if isinstance(valid := valids[combo], NumNode)
+                else self._lower_leaf(op, self._offset_index(op, combo, base, offsets), valid)
+                for combo in (lane_combo[lane] for lane in self._group_lanes(g))
+            )
         return tuple(self._lower_leaf(op, *self.access(op, lane_combo[lane])) for lane in self._group_lanes(g))
 
     def _lower_gather(self, op: LazyOp) -> list[Value]:
@@ -803,7 +799,8 @@ class Linearizer:
     def _group_lanes(self, g: int) -> range:
         return range(g * self.width, (g + 1) * self.width)
 
-    def _lower_leaf(self, op: LazyOp, idx: Node, valid: Optional[Node]) -> UOp:
+    def _lower_leaf(self, op: LazyOp, idx: Union[Node, UOp], valid: Optional[Node]) -> UOp:
+        """A CONST or LOAD leaf at index `idx` (a Node, or its uop already lowered), 0 where `valid` is false."""
         dt = op.arg.dtype
         if op.op is BufferOps.CONST:
             val = self.var_uops[op.arg.val.expr] if isinstance(op.arg.val, Variable) else self.const(op.arg.val, dt)
@@ -815,11 +812,12 @@ class Linearizer:
                 return self.const(0, dt)
             return self.alu(TernaryOps.WHERE, dt, self.node(valid), val, self.const(0, dt))
         buf = self.buffers[op.arg.idx]
-        if valid is None:
-            return self.uop(UOps.LOAD, dt, (buf, self.node(idx)))
         if isinstance(valid, NumNode):
             return self.const(0, dt)
-        return self.uop(UOps.LOAD, dt, (buf, self.node(idx), self.node(valid), self.const(0, dt)))
+        at = idx if isinstance(idx, UOp) else self.node(idx)
+        if valid is None:
+            return self.uop(UOps.LOAD, dt, (buf, at))
+        return self.uop(UOps.LOAD, dt, (buf, at, self.node(valid), self.const(0, dt)))
 
     def reduce(self, op: LazyOp) -> list[Value]:
         k = self.k
