@@ -16,6 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from tg_clang import ClangCompiler, ClangProgram, ClangRenderer, Toolchain, check_toolchain
+from tg_clang.compiler import GCC_CFLAGS
+from tg_clang.renderer import KERNEL_PRELUDE
 from tg_clang.toolchain import MARCH_ENV
 from tg_conformance import reference as ref
 from tg_conformance import uop_cases as cases
@@ -264,6 +266,21 @@ def test_cache_key_names_compiler_and_target() -> None:
                 assert key.startswith(f"compile_clang_{cc}_") and key.isidentifier()
                 keys.add(key)
     assert len(keys) == sum(shutil.which(cc) is not None for cc in COMPILERS) * (1 + len(MARCHES[:2]))
+
+
+def test_gcc_only_flags_go_to_gcc_alone() -> None:
+    seen = []
+    for cc in COMPILERS:
+        if shutil.which(cc) is None:
+            continue
+        tc = Toolchain.resolve(cc, "native")
+        assert tc.is_gcc == (cc == "gcc"), f"{cc}: is_gcc {tc.is_gcc}"
+        compiler = ClangCompiler(tc)
+        assert all((flag in compiler.cflags) == tc.is_gcc for flag in GCC_CFLAGS), compiler.cflags
+        src = KERNEL_PRELUDE + "void tg_probe(float *restrict a) { a[0] = a[0] * 2.0f + 1.0f; }\n"
+        assert compiler.compile(src).startswith(b"\x7fELF") or sys.platform != "linux", f"{cc} built no shared object"
+        seen.append(cc)
+    assert seen, "no C compiler could be tested"
 
 
 def _devices_line(env: dict[str, str]) -> str:

@@ -89,6 +89,11 @@ class Toolchain:
         """The compiler's version as it states it (its __VERSION__ macro: "12.2.0", "Clang 14.0.6"), "" if unsaid."""
         return next((value.strip('"') for name, value in self.macros if name == "__VERSION__"), "")
 
+    @property
+    def is_gcc(self) -> bool:
+        """Whether the compiler is GCC (__GNUC__, which clang defines too, without __clang__), whatever its name."""
+        return self.defines("__GNUC__") and not self.defines("__clang__")
+
     def defines(self, macro: str) -> bool:
         return any(name == macro for name, _ in self.macros)
 
