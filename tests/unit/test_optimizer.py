@@ -7,6 +7,7 @@ heuristics, or a given list of Opts) on the same input buffers, on PYTHON and on
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Callable, Optional
 
@@ -19,6 +20,7 @@ from tgcore.codegen.kernel import (
     BLOCK_REDUCE,
     INTERLEAVE_VECTORS,
     MAX_UPCAST,
+    ONE_BLOCK,
     PANEL_TILES,
     Kernel,
     KernelOptError,
@@ -306,16 +308,16 @@ def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) 
     renderer = cpu_style_python_with_scratch(1 << 18)
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
     renderer.vector_registers = registers
-    width = lanes * (2 if registers >= 32 else 1)
+    width = lanes * 2
     for (m, n, steps), (panel, block) in {(512, 256, 512): (PANEL_TILES, 256), (392, 320, 392): (None, 196)}.items():
         k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, m)), data((m, n))).ast, renderer)
         k.hand_coded_optimizations()
         tiles = n // width
         panel = panel or next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1) if tiles % p == 0)
         assert tile_columns(k) == width
-        # 8 rows: the rows of a (64 x m) are m floats apart, and 16 of them would share L1 sets (m a multiple of
-        # 1024 bytes) and spill the 16 registers of SSE / AVX2; AVX-512's tiles of two vectors reach MAX_UPCAST at 8
-        assert k.applied_opts[1] == Opt(OptOps.UPCAST, 0, 8)
+        # two vectors wide everywhere: AVX-512's tiles of 8 rows reach MAX_UPCAST; SSE's and AVX2's 16 registers
+        # hold 6 rows of two vectors, and 6 does not divide 64 rows, so they are padded to 66 (a long reduce)
+        assert k.applied_opts[1] == (Opt(OptOps.UPCAST, 0, 8) if registers >= 32 else Opt(OptOps.PADTO, 0, 6))
         assert [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT] == [panel, block]
         assert k.applied_opts[-2:] == [Opt(OptOps.HOIST, 2, 1), Opt(OptOps.PACK, 1, 0)]
         assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [panel * block * width]
@@ -365,10 +367,91 @@ def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(
         if padding == 0:
             want = np.einsum("kc,nchw->nkhw", w1[:, :, 0, 0], x)
             np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
-    # 64 rows: no such divisor, so one vector
+    # 64 rows: no such divisor, and a reduce of 64 steps too short to pad them for (PADTO), so one vector
     k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, 64)), b).ast, renderer)
     k.hand_coded_optimizations()
     assert tile_columns(k) == lanes
+
+
+def sixteen_registers(device: str) -> Renderer:
+    """The device's renderer planning for 16 vector registers of 8 floats (AVX2) whatever this CPU has (the heuristics
+    read only these settings); PYTHON's as CPU-style loops."""
+    renderer = copy.copy(Device[device].renderer) if device != "PYTHON" else cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    renderer.vector_registers = 16
+    return renderer
+
+
+def run_fenced(device: str, si, kernel: Kernel, extra: int = 64) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Like run, into an output buffer `extra` elements longer, filled with a sentinel: returns the output, after
+    checking that the kernel wrote nothing past its end."""
+    out = si.outputs[0]
+    fence = np.full(out.size + extra, 7.25, dtype=out.dtype.np)
+    dest = Buffer(device, out.size + extra, out.dtype).allocate().copyin(memoryview(fence))
+    inputs = [x.base.buffer.allocate() for x in si.inputs]
+    CompiledRunner(device, to_program(kernel))([dest] + inputs, si.var_vals)
+    got = dest.numpy()
+    assert (got[out.size :] == 7.25).all(), "the kernel wrote past the end of its output"
+    return got[: out.size]
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_rows_padded_to_a_wide_tile_keep_results_and_store_nothing_past_the_output(device: str) -> None:
+    """With 16 registers, rows that none of 6, 7 or 5 divides are padded to a multiple of 6 (PADTO) where the kernel
+    runs in blocks for the cache: the tile stays two vectors wide. The padded rows store nothing, and the inputs padded
+    by PADTO alone are read with no test (a padded lane reads its tile's first row)."""
+    renderer = sixteen_registers(device)
+    linear = lambda x, w, b: (x @ w.T + b).gelu()  # noqa: E731
+    cases = [
+        (lambda a, b: a @ b, (64, 512), (512, 256)),  # 64 rows -> 66
+        (lambda a, b: a @ b.T, (104, 768), (96, 768)),  # 104 -> 108, b's rows gathered into the pack
+        (linear, (52, 768), (128, 768), (128,)),  # 52 -> 54, a bias and GELU after the reduce
+    ]
+    for build, *shapes in cases:
+        inputs = [data(s, seed=i) for i, s in enumerate(shapes)]
+        si = last_kernel(device, build, *inputs)
+        reference = run_fenced(device, si, Kernel(si.ast, renderer))
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert Opt(OptOps.PADTO, 0, 6) in k.applied_opts and tile_columns(k) == 16, k.applied_opts
+        assert OptOps.HOIST in {o.op for o in k.applied_opts}
+        got = run_fenced(device, si, k)
+        assert same(reference, got), f"{k.applied_opts} changed the result"
+        want = build(*[Tensor(x, device="PYTHON") for x in inputs]).numpy()
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+        uops = to_program(k).uops
+        assert any(u.op is UOps.STORE and len(u.src) == 4 for u in uops)  # (the padded rows' stores are gated)
+        assert not any(u.op is UOps.LOAD and len(u.src) == 4 for u in uops)  # (and no load is)
+    # an unblocked kernel keeps its tile (attention's weights @ values, a reduce of 128: padded, it ran slower)
+    k = Kernel(last_kernel(device, lambda a, b: a @ b, data((64, 128)), data((128, 64))).ast, renderer)
+    k.hand_coded_optimizations()
+    assert OptOps.PADTO not in {o.op for o in k.applied_opts}
+
+
+def test_padto_pads_only_where_a_padded_lane_cannot_fault() -> None:
+    """PADTO pads a global axis of a CPU-style kernel whose padded lanes only compute values nothing stores: not an
+    axis that UPCAST splits, a reduce axis, a GPU's grid, nor a kernel with an integer division (a padded zero would
+    divide) or a gathered input (its index would be made of them)."""
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((13, 24)), data((24, 16)))
+    k = Kernel(si.ast, cpu_style_python())
+    shape = k.full_shape
+    for bad in (Opt(OptOps.PADTO, 1, 8), Opt(OptOps.PADTO, 2, 5), Opt(OptOps.PADTO, 0, 13), Opt(OptOps.PADTO, 0, 1)):
+        with pytest.raises(KernelOptError):
+            k.apply_opt(bad)
+        assert k.full_shape == shape and k.applied_opts == []
+    with pytest.raises(KernelOptError, match="CPU-style"):
+        Kernel(si.ast, Device["PYTHON"].renderer).apply_opt(Opt(OptOps.PADTO, 0, 6))
+    a, b = data((13, 8), dtypes.int32), data((13, 8), dtypes.int32, seed=1)
+    idiv = last_kernel("PYTHON", lambda a, b: a // (b * b + 1), a, b)
+    with pytest.raises(KernelOptError, match="integer division"):
+        Kernel(idiv.ast, cpu_style_python()).apply_opt(Opt(OptOps.PADTO, 0, 6))
+    emb = last_kernel("PYTHON", lambda w, i: w[i], data((10, 8)), np.arange(13, dtype=np.int32) % 10)
+    with pytest.raises(KernelOptError, match="gathered"):
+        Kernel(emb.ast, cpu_style_python()).apply_opt(Opt(OptOps.PADTO, 0, 6))
+    # 13 rows as 3 tiles of 6 (18): the same bits as the plain kernel, nothing stored past the output
+    k.apply_opt(Opt(OptOps.PADTO, 0, 6))
+    assert k.full_shape == (3, 16, 24, 6)
+    assert same(run_fenced("PYTHON", si, Kernel(si.ast, cpu_style_python())), run_fenced("PYTHON", si, k))
 
 
 @pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
@@ -550,10 +633,12 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
         PANEL_TILES * BLOCK_REDUCE * tile_columns(k)
     ]
     # a @ b.T: b's block is gathered into the pack, two vectors wide where the target has the registers for such a
-    # tile (32: AVX-512), else one, and the tile's vectors run along the output; one vector wide where b's rows lie a
-    # multiple of 2 KB apart (512 floats: they share the L1 cache's sets)
+    # tile (32: AVX-512), and the tile's vectors run along the output; one vector wide where b's rows lie a multiple
+    # of 2 KB apart (512 floats: they share the L1 cache's sets). With 16 registers (AVX2) two vectors wide over 6
+    # rows, 64 padded to 66 (PADTO), either way
     renderer = Device[device].renderer
-    for k_size, wide in ((480, renderer.vector_registers >= 32), (512, False)):
+    avx2 = renderer.vector_registers < 32
+    for k_size, wide in ((480, True), (512, avx2)):
         k = check(device, lambda a, b: a @ b.T, data((64, k_size)), data((256, k_size)))
         width = renderer.vector_widths[dtypes.float32] * (2 if wide else 1)
         assert k.applied_opts[0] == Opt(OptOps.UPCAST, 1, width) and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
@@ -565,6 +650,20 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
             check(device, lambda a, b: a @ b, data((8, 32), dtype), data((32, 32), dtype, seed=1), opts=PACKED)
     k = check(device, lambda a, w, b: a @ w.T + b, data((32, 96)), data((64, 96)), data((64,)))
     assert Opt(OptOps.SWAP, 0, 1) in k.applied_opts and k.applied_opts[-1] == Opt(OptOps.PACK, 1, 0)
+
+
+@pytest.mark.parametrize("device", [d for d in CPU_DEVICES if getattr(Device[d].renderer, "scratch_max", 0)])
+def test_a_reduce_of_one_block_runs_over_packed_panels_without_hoist(device: str) -> None:
+    """A reduce of ONE_BLOCK steps or more but too short for two blocks runs as one block: a panel of column tiles
+    over its packed share of b, the accumulators kept in registers (no HOIST); a shorter one is not packed."""
+    a, b = data((64, 256)), data((256, 512), seed=1)
+    k = check(device, lambda a, b: a @ b, a, b)
+    ops = [o.op for o in k.applied_opts]
+    assert OptOps.SWAP in ops and OptOps.PACK in ops and OptOps.HOIST not in ops, k.applied_opts
+    got = (Tensor(a, device=device) @ Tensor(b, device=device)).numpy()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
+    k = check(device, lambda a, b: a @ b, data((64, ONE_BLOCK // 2)), data((ONE_BLOCK // 2, 512)))
+    assert OptOps.PACK not in {o.op for o in k.applied_opts}
 
 
 def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:

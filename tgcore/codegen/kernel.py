@@ -75,6 +75,10 @@ LONG_KERNEL_OPS = 256
 LONG_KERNEL_LANES = 4
 # cache blocking of a big matmul-like kernel on a CPU: reduce steps per block, output tiles per panel
 BLOCK_REDUCE = 256
+# a reduce of at least this many steps but too short for two blocks runs as one block: a panel of output tiles over
+# its packed share of the columns' input (128 x 256 @ 256 x 4096, a language model's logits, on two Zen 3 cores:
+# 81 -> 149 GFLOP/s, 175 in 6 x 2-vector tiles (PADTO); the rows of b, 16 KB apart, share few L1 sets unpacked)
+ONE_BLOCK = BLOCK_REDUCE // 2
 # a tile's rows are far apart when an input's rows are at least this many elements apart (one 64-byte cache line of
 # floats: each row of the tile touches a line of its own)
 ROW_FAR = 16
@@ -92,6 +96,9 @@ MIN_ACCUMULATORS = 8
 # the rows of a two-vector tile on a target of 16 vector registers, best first: 2 x rows accumulators, two column
 # vectors and a broadcast row value fit them (Kernel._wide_rows)
 WIDE_ROWS = (6, 7, 5)
+# where none of WIDE_ROWS divides the rows (a power of two: 1024, BERT's 128 tokens), the rows are padded to a
+# multiple of the first (PADTO) when that adds at most this share of rows
+WIDE_ROWS_PAD = 1 / 8
 REDUCE_LANES = 16
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
 # adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
@@ -115,6 +122,12 @@ def _reduce_block(size: int) -> int:
     no such block divides it or it is shorter than two blocks (it runs unblocked)."""
     step = next((b for b in range(BLOCK_REDUCE, BLOCK_REDUCE // 2 - 1, -1) if size % b == 0), 0)
     return step if step and size >= 2 * step else 0
+
+
+def _panel(tiles: int) -> int:
+    """The column tiles of a panel of a kernel run in blocks for the cache: PANEL_TILES, or a near count that divides
+    the tiles (1040 columns: 65 tiles, 13 panels); 0 where none does."""
+    return next((p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if tiles % p == 0), 0)
 
 
 def stride_order(stride: Optional[sint]) -> int:
@@ -166,6 +179,10 @@ class OptOps(Enum):
     # the input into scratch memory, laid out in the order they read it (contiguous), and they read it from there;
     # a global loop inside must read the same elements again; only PACKs may follow
     PACK = auto()
+    # axis: a global axis, as UPCAST by `amount` where `amount` does not divide its size: the axis is padded to the
+    # next multiple of `amount` first; the lanes past its end read 0 from every input and store nothing (CPU loops
+    # only, and only for a kernel whose values there cannot trap: Kernel._pad_refusal)
+    PADTO = auto()
 
 
 @dataclass(frozen=True, order=True)
@@ -222,6 +239,9 @@ class Kernel:
         self.outer_reduces = 0
         self.staged: tuple[LazyOp, ...] = ()  # STAGE: the loads read through shared memory
         self.packed: tuple[LazyOp, ...] = ()  # PACK: the loads read through a scratch block
+        # PADTO: the leaves whose only mask is a PADTO's (what a padded lane of them reads is never stored: the
+        # linearizer reads a safe element there instead of testing each load)
+        self.pad_only: frozenset[LazyOp] = frozenset()
         self.reduce_lanes = 0  # a lane reduce: its lanes, the last upcast axis
         self.applied_opts: list[Opt] = []
         self._reduce_last()
@@ -445,6 +465,9 @@ class Kernel:
         if opt.op is OptOps.STAGE:
             self._stage(opt)
             return
+        if opt.op is OptOps.PADTO:
+            self._padto(opt)
+            return
         if opt.op is OptOps.SWAP:
             n_global = self.first_reduce - self.local_dims
             _check(0 <= opt.axis < opt.amount < n_global, f"{opt}: not two global axes in order")
@@ -509,6 +532,52 @@ class Kernel:
             if opt.op is OptOps.UNROLL and size == amount:
                 self.n_reduce -= 1
         self.applied_opts.append(opt)
+
+    def _padto(self, opt: Opt) -> None:
+        axis, amount = opt.axis, opt.amount
+        _check(0 <= axis < self.first_reduce - self.local_dims, f"{opt}: not a global axis")
+        size = self.full_shape[axis]
+        _check(isinstance(size, int) and 1 < amount < size and size % amount != 0, f"{opt}: use UPCAST")
+        assert isinstance(size, int)
+        refusal = self._pad_refusal()
+        _check(refusal is None, f"{opt}: {refusal}")
+        lanes = prod(self.upcast_sizes) * amount
+        _check(lanes <= MAX_UPCAST, f"{opt}: {lanes} lanes is more than {MAX_UPCAST}")
+        padded = -(-size // amount) * amount
+        shape = self.full_shape[:axis] + (padded,) + self.full_shape[axis + 1 :]
+        sts, pad_only = {}, set(self.pad_only)
+        for k, st in self.sts.items():
+            if st.shape[axis] == 1:
+                sts[k] = st
+            elif self.stride_of(k, axis) == 0:  # broadcast along it: any index past the end reads the same
+                one = st.shrink(tuple((0, 1) if a == axis else (0, s) for a, s in enumerate(st.shape)))
+                sts[k] = one.expand(st.shape[:axis] + (padded,) + st.shape[axis + 1 :])
+            else:  # the pad's mask makes the accesses past the end invalid
+                if all(v.mask is None for v in st.views):
+                    pad_only.add(k)
+                sts[k] = st.pad(tuple((0, padded - size) if a == axis else (0, 0) for a in range(len(st.shape))))
+        saved = (self.sts, self.full_shape)
+        self.sts, self.full_shape = sts, shape
+        self._split(axis, amount, self.first_upcast)
+        if any(len(self.sts[k].views) > len(st.views) + 1 for k, st in saved[0].items()):
+            self.sts, self.full_shape = saved
+            raise KernelOptError(f"{opt}: a buffer's view cannot split that axis")
+        self.upcasted += 1
+        self.pad_only = frozenset(pad_only)
+        self.applied_opts.append(opt)
+
+    def _pad_refusal(self) -> Optional[str]:
+        """Why no PADTO may pad this kernel's global axes, or None where one may. The padded lanes compute on the
+        zeros their masked loads read: harmless for float math (and never stored), but an integer division there
+        would divide by zero; a gathered load's index would be made of those zeros; a kernel that reads its own
+        output might read what a padded lane did not write."""
+        if self.opts.global_max is not None:
+            return "only CPU-style kernels (global loops) pad an axis"
+        if any(x.op in (BinaryOps.DIV, BinaryOps.MOD) and not dtypes.is_float(dtype_of(x)) for x in self.ast.lazyops()):
+            return "an integer division would divide by the padded zeros"
+        if any(x.op is BufferOps.LOAD and (x.src or x.arg.idx == 0) for x in self.leaves):
+            return "a gathered input, or the output read back"
+        return None
 
     def _hoist(self, opt: Opt) -> None:
         n_global = self.first_reduce - self.local_dims
@@ -711,7 +780,7 @@ class Kernel:
             rows = rows or [a for a in broadcast if a != col]
             row: Optional[int] = ([a for a in rows if a in contiguous] or rows or [-1])[-1]
             row = None if row == -1 else row
-            wide_rows = self._wide_rows(row, col, col_amount, vw, budget)
+            wide_rows, pad_rows = self._wide_rows(row, col, col_amount, vw, budget)
             col_amount *= 2 if wide_rows else 1
             col_size = _int(self.full_shape[col])
             # the column axis first, so that it is the last (fastest, vectorized) upcast axis
@@ -730,7 +799,8 @@ class Kernel:
                 rows_max = (8 if far and self.opts.vector_registers < 32 or self._aliased(row) else 16) if vw > 1 else 4
                 limit = min(rows_max, MAX_UPCAST // max(col_amount, 1), budget // max(col_amount, 1))
                 row_amount = wide_rows or self._divisor(row_size, tuple(range(limit, 1, -1)))
-                if not row_amount or not self._try(Opt(OptOps.UPCAST, row, row_amount)):
+                upcast = OptOps.PADTO if pad_rows else OptOps.UPCAST
+                if not row_amount or not self._try(Opt(upcast, row, row_amount)):
                     row = None
                 elif row_amount == row_size:  # the whole row axis went: a tile of one row of tiles
                     col -= col > row
@@ -824,21 +894,33 @@ class Kernel:
             else:
                 return
 
-    def _wide_rows(self, row: Optional[int], col: int, col_amount: int, vw: int, budget: int) -> int:
+    def _wide_rows(self, row: Optional[int], col: int, col_amount: int, vw: int, budget: int) -> tuple[int, bool]:
         """With 16 vector registers (AVX2): the rows of a tile two vectors wide, WIDE_ROWS of them where one divides the
-        row axis, else 0 (the tile stays one vector wide). Each broadcast row value then feeds two FMAs instead of one:
-        a one-vector tile of 8 rows loads 9 values for 8 FMAs and ran at 50-57 GFLOP/s on one Zen 3 core with its
-        operands in L1, a 6 x 2-vector tile 80-94 (5 or 7 rows: ~79; 4 rows: ~60, too few accumulators for the FMA
-        latency; 8 rows: 16 accumulators, spilled)."""
+        row axis, and whether the row axis is padded to a multiple of them first (PADTO); (0, False) where the tile
+        stays one vector wide. Each broadcast row value then feeds two FMAs instead of one: a one-vector tile of 8
+        rows loads 9 values for 8 FMAs and ran at 50-57 GFLOP/s on one Zen 3 core with its operands in L1, a 6 x
+        2-vector tile 80-94 (5 or 7 rows: ~79; 4 rows: ~60, too few accumulators for the FMA latency; 8 rows: 16
+        accumulators, spilled). Rows that none of them divides are padded, up to WIDE_ROWS_PAD more: on two Zen 3
+        cores a 1024 x 1024 matmul ran at 121 GFLOP/s in 8 x 1-vector tiles, 1020 x 1024 at 168 in 6 x 2, and the same
+        4 x 2-vector tiles gave nothing (119)."""
         if self.opts.vector_registers >= 32 or vw <= 1 or row is None or col_amount != vw or row == col:
-            return 0
+            return 0, False
         if _int(self.full_shape[col]) % (2 * vw) or budget < 2 * vw * min(WIDE_ROWS):
-            return 0
+            return 0, False
         # (not where the rows read a padded input: a 3x3 conv's gated row loads ran 8.4 -> 10.9 ms in 7 x 2-vector
         # tiles against 14 x 1)
         if any(self.sts[ld].axis_is_masked(row) for ld in self.loads()):
-            return 0
-        return self._divisor(_int(self.full_shape[row]), WIDE_ROWS)
+            return 0, False
+        size = _int(self.full_shape[row])
+        if rows := self._divisor(size, WIDE_ROWS):
+            return rows, False
+        # padded only where the kernel will run in blocks for the cache, whose packed operands let the wider tile pay
+        # (two Zen 3 cores: attention's weights @ values, 12 heads of 128 x 128 @ 128 x 64, ran 358 -> 405 us with
+        # its 128 rows padded to 132; ResNet-50's unblocked 1x1 convs over 128 and 256 output channels 11-14% slower)
+        rows = WIDE_ROWS[0]
+        if size <= rows or not self._will_block(row, col, 2 * vw) or self._pad_refusal() is not None:
+            return 0, False
+        return (rows, True) if -(-size // rows) * rows <= size * (1 + WIDE_ROWS_PAD) else (0, False)
 
     def _more_rows(self, vw: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:
@@ -912,32 +994,18 @@ class Kernel:
         """CPU loops over a big matmul-like reduce: run the reduce in blocks of about BLOCK_REDUCE steps, each over a
         panel of output tiles that keeps its share of both inputs in cache (the partial sums wait in the output, so
         every output still adds its elements in order). The tile's row and column axes must be the last globals."""
-        if (
-            self.opts.global_max is not None
-            or self.n_reduce != 1
-            or (row, col)
-            != (
-                self.first_reduce - 2,
-                self.first_reduce - 1,
-            )
-            or not self.is_concrete(self.first_reduce)
-        ):
+        if not self._will_block(row, col, 1):
             return
-        size, blocks = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
-        step = _reduce_block(size)
-        # tiles of a panel: PANEL_TILES, or a near count that divides the tiles (1040 columns: 65 tiles, 13 panels)
-        panel = next(
-            (p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if blocks % p == 0), 0
-        )
-        if not step or not panel or blocks == panel:
-            return
+        step, panel = _reduce_block(_int(self.full_shape[self.first_reduce])), _panel(_int(self.full_shape[col]))
         saved = self.copy()
         try:
-            # [.., rows, cols] -> [.., panels, rows, tiles of a panel] -> reduce [blocks, steps]
+            # [.., rows, cols] -> [.., panels, rows, tiles of a panel] -> reduce [blocks, steps]; a reduce of one
+            # block (ONE_BLOCK) keeps its loop and its accumulators: only the panel and its packed block
             self.apply_opt(Opt(OptOps.SPLIT, col, panel))
             self.apply_opt(Opt(OptOps.SWAP, row, col))
-            self.apply_opt(Opt(OptOps.SPLIT, self.first_reduce, step))
-            self.apply_opt(Opt(OptOps.HOIST, 2, 1))
+            if step:
+                self.apply_opt(Opt(OptOps.SPLIT, self.first_reduce, step))
+                self.apply_opt(Opt(OptOps.HOIST, 2, 1))
         except KernelOptError:
             self.__dict__.update(saved.__dict__)
             return
@@ -949,6 +1017,17 @@ class Kernel:
         for i, leaf in enumerate(self.loads()):
             if leaf in inside and self.shape_len - 1 in self.pack_axes(leaf):
                 self._try(Opt(OptOps.PACK, i, 0))
+
+    def _will_block(self, row: int, col: int, columns: int) -> bool:
+        """Whether _block_for_cache blocks this kernel once its tile is `columns` wide along `col` (1: the tile is made
+        already): CPU loops over one reduce long enough for two blocks, the tile's row and column axes the last
+        globals, and a panel of PANEL_TILES or a near count of tiles that divides them (not all of them)."""
+        if self.opts.global_max is not None or self.n_reduce != 1 or not self.is_concrete(self.first_reduce):
+            return False
+        if (row, col) != (self.first_reduce - 2, self.first_reduce - 1) or _int(self.full_shape[col]) % columns:
+            return False
+        tiles, steps = _int(self.full_shape[col]) // columns, _int(self.full_shape[self.first_reduce])
+        return (bool(_reduce_block(steps)) or steps >= ONE_BLOCK) and _panel(tiles) not in (0, tiles)
 
     def _aliased(self, axis: int) -> bool:
         """Whether a load of the reduce reads rows along global `axis` that lie a multiple of ALIASED_BYTES apart

@@ -571,42 +571,74 @@ class Linearizer:
             return self.node(self.access(leaf, combo)[0])
         return self._offset_index(leaf, combo, *known)
 
-    def _offset_index(self, leaf: LazyOp, combo: int, base: Node, offsets: list[int]) -> UOp:
+    def _offset_index(
+        self, leaf: LazyOp, combo: int, base: Node, offsets: list[int], unless: Optional[Node] = None
+    ) -> UOp:
         """Access `combo` of `leaf`, whose accesses are lane 0's index `base` plus `offsets`, as a uop: lane 0's
-        terms plus one constant."""
+        terms plus one constant. With `unless` (a validity), lane 0's own index where it is false."""
         if (split := self.index_terms.get(leaf)) is None:  # (lane 0's index as its variable terms and its constant)
             terms = base.nodes if isinstance(base, SumNode) else (base,)
             const = sum(int(t.b) for t in terms if isinstance(t, NumNode))
             split = self.index_terms[leaf] = (Node.sum([t for t in terms if not isinstance(t, NumNode)]), const)
         var, const = split
-        offset = const + offsets[combo]
-        if isinstance(var, NumNode):
-            return self.node(offset)
+        offset: Union[int, UOp] = const + offsets[combo]
         self.check_index(base.min + offsets[combo], base.max + offsets[combo])
+        if unless is not None and offsets[combo]:  # (a choice between two constants: computed outside the loops)
+            offset = self.alu(
+                TernaryOps.WHERE, self.index_dtype, self.node(unless), self.node(offset), self.node(const)
+            )
+        if isinstance(var, NumNode):
+            return self.node(offset) if isinstance(offset, int) else offset
         at = self.node(var)
-        if offset == 0:
+        if isinstance(offset, int) and offset == 0:
             return at
-        return self.alu(BinaryOps.ADD, self.index_dtype, at, self.const(offset, self.index_dtype))
+        return self.alu(BinaryOps.ADD, self.index_dtype, at, self.node(offset) if isinstance(offset, int) else offset)
+
+    def _unguarded(self, leaf: LazyOp, combo: int, valid: Node) -> Optional[UOp]:
+        """The index a load of access `combo` of `leaf` (valid where `valid` holds) reads at with no test, where it
+        can: a leaf whose only mask is a PADTO's (Kernel.pad_only), read at lane 0's index plus a constant. A padded
+        lane computes only values that are never stored, so its load need only stay inside the buffer: there it
+        reads lane 0's element (valid: a padded axis pads less than one tile, so every tile's lane 0 is inside)."""
+        if leaf not in self.k.pad_only or (known := self.lane_offsets.get(leaf)) is None:
+            return None
+        return self._offset_index(leaf, combo, known[0], known[1], unless=valid)
 
     def _contiguous(self, leaf: LazyOp, group: int) -> Optional[Node]:
         """The index of the group's first element when the group reads or writes `width` consecutive, always valid
         elements of `leaf` (a vector access), else None."""
+        got = self._vector_access(leaf, group)
+        return got[0] if got is not None and got[1] is None else None
+
+    def _vector_access(self, leaf: LazyOp, group: int) -> Optional[tuple[Node, Optional[Node]]]:
+        """(the index of the group's first element, the validity every lane of it shares: None when always valid)
+        when the group reads or writes `width` consecutive elements of `leaf` under one validity (a padded axis that
+        is not the vector's: PADTO's rows), else None."""
         if self.width == 1:
             return None
-        lane_combo, combos = self.index_nodes(leaf)
-        first = lane_combo[group * self.width]
+        lane_combo = self.index_nodes(leaf)[0]
+        lanes = lane_combo[group * self.width : (group + 1) * self.width]
+        first = lanes[0]
         idx0, valid0 = self.access(leaf, first)
-        if valid0 is not None:
-            return None
-        if (known := self._offsets(leaf)) is not None:  # the lanes' offsets are known: no Node math
-            offsets, lanes = known[1], lane_combo[group * self.width : (group + 1) * self.width]
-            return idx0 if all(offsets[c] - offsets[first] == i for i, c in enumerate(lanes)) else None
-        for i in range(1, self.width):
-            idx, valid = self.access(leaf, lane_combo[group * self.width + i])
-            diff = idx - idx0
-            if valid is not None or not isinstance(diff, NumNode) or int(diff.b) != i:
+        if (known := self.lane_offsets.get(leaf)) is not None:  # the lanes' offsets are known: no Node math
+            offsets = known[1]
+            if not all(offsets[c] - offsets[first] == i for i, c in enumerate(lanes)):
                 return None
-        return idx0
+            valids = self.lane_valids.get(leaf)  # (None: one validity for every lane)
+            return (idx0, valid0) if valids is None or all(_same(valids[c], valid0) for c in lanes) else None
+        for i in range(1, self.width):
+            idx, valid = self.access(leaf, lanes[i])
+            diff = idx - idx0
+            if not _same(valid, valid0) or not isinstance(diff, NumNode) or int(diff.b) != i:
+                return None
+        return idx0, valid0
+
+    def _store_index(self, store: LazyOp, combo: int) -> tuple[UOp, Optional[Node]]:
+        """Access `combo` of `store`: its index as a uop and its validity (None: always valid)."""
+        known = self.lane_offsets.get(store)
+        if known is None or known[2] is None:
+            return self._access_index(store, combo), None
+        valid = self.access(store, combo)[1]
+        return self._offset_index(store, combo, known[0], known[1]), valid
 
     def _store(self, store: LazyOp, values: list[Value]) -> None:
         """Store one value per group into the buffer of `store` (the output, or a PACK's block); lanes that write the
@@ -619,18 +651,26 @@ class Linearizer:
             if first in stored:
                 continue
             block = store.arg.idx < 0  # a PACK's block: lanes gathered into it go in with one vector store
-            idx = self._contiguous(store, g) if block or not isinstance(value, tuple) else None
-            if idx is not None and block and isinstance(value, tuple) and self._vectorizable(store.arg.dtype):
+            got = self._vector_access(store, g) if block or not isinstance(value, tuple) else None
+            if got is not None and block and isinstance(value, tuple) and self._vectorizable(store.arg.dtype):
                 value = self._vector(value)
-            if not isinstance(value, tuple) and idx is not None and self._vectorizable(store.arg.dtype):
+            if not isinstance(value, tuple) and got is not None and self._vectorizable(store.arg.dtype):
                 stored.add(first)  # (a mask, a bool vector, is stored lane by lane)
-                self.uop(UOps.STORE, None, (buf, self.node(idx), value), cse=False)
+                self._gated_store(buf, self.node(got[0]), value, got[1])
                 continue
             for i, v in enumerate(self._scalars(value)):
                 combo = lane_combo[g * self.width + i]
                 if combo not in stored:
                     stored.add(combo)
-                    self.uop(UOps.STORE, None, (buf, self._access_index(store, combo), v), cse=False)
+                    at, valid = self._store_index(store, combo)
+                    self._gated_store(buf, at, v, valid)
+
+    def _gated_store(self, buf: UOp, at: UOp, value: UOp, valid: Optional[Node]) -> None:
+        """A STORE of `value` at `at`, only where `valid` holds (None: always; a padded lane's is never)."""
+        if valid is None:
+            self.uop(UOps.STORE, None, (buf, at, value), cse=False)
+        elif not isinstance(valid, NumNode):
+            self.uop(UOps.STORE, None, (buf, at, value, self.node(valid)), cse=False)
 
     # ***** values: one per group, a vector uop or a tuple of `width` scalar uops *****
 
@@ -717,8 +757,20 @@ class Linearizer:
         op = self.packs.get(op, op)
         if self.staging and op in self.stages:
             return tuple(self._staged_load(op, lane) for lane in self._group_lanes(g))
-        if op.op is not BufferOps.CONST and self._vectorizable(dt) and (idx := self._contiguous(op, g)) is not None:
-            return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], self.node(idx)))
+        got = self._vector_access(op, g) if op.op is not BufferOps.CONST and self._vectorizable(dt) else None
+        # (one load under one test for the whole vector only for a leaf padded by PADTO alone: a padded input's gated
+        # lanes, a conv's, keep their loads per lane)
+        if got is not None and (got[1] is None or op in self.k.pad_only):
+            idx, valid = got
+            vec = dt.vec(self.width)
+            if valid is None:
+                return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], self.node(idx)))
+            zero = self._vector(self._splat(self.const(0, dt)))
+            if isinstance(valid, NumNode):  # (never valid)
+                return zero
+            if (at := self._unguarded(op, self.index_nodes(op)[0][g * self.width], valid)) is not None:
+                return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], at))
+            return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], self.node(idx), self.node(valid), zero))
         lane_combo, combos = self.index_nodes(op)
         if (known := self._offsets(op)) is not None:  # every access always valid, at lane 0's plus a constant
             if op.op is BufferOps.CONST:
@@ -730,9 +782,12 @@ class Linearizer:
             # the validity depends on the lane, the index is lane 0's plus a constant: each lane's index with no Node
             # math (lane 0's terms lowered once), its validity as its own
             base, offsets = self.lane_offsets[op][:2]
+            buf = self.buffers[op.arg.idx]
             return tuple(
                 self.const(0, dt)  # (never valid)
                 if isinstance(valid := valids[combo], NumNode)
+                else self.uop(UOps.LOAD, dt, (buf, at))
+                if valid is not None and (at := self._unguarded(op, combo, valid)) is not None
                 else self._lower_leaf(op, self._offset_index(op, combo, base, offsets), valid)
                 for combo in (lane_combo[lane] for lane in self._group_lanes(g))
             )
@@ -1127,6 +1182,11 @@ class Linearizer:
         if isinstance(acc, tuple):
             return tuple(a.src[0] if a.op is UOps.PHI else a for a in acc)
         return acc.src[0] if acc.op is UOps.PHI else acc
+
+
+def _same(a: Optional[Node], b: Optional[Node]) -> bool:
+    """Whether two validities are the same condition (None: always valid)."""
+    return a is b or (a is not None and b is not None and a == b)
 
 
 def _live(uops: list[UOp]) -> list[UOp]:

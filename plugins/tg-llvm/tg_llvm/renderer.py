@@ -680,19 +680,17 @@ class _FunctionWriter:
                 buf, idx, value = (self.value(s) for s in u.src[:3])
                 ity = reg_type(u.src[1].dtype)  # type: ignore[arg-type]
                 stored = u.src[2].dtype or value_dt.base
-                if stored.count > 1:  # a vector: its lanes to consecutive elements (never gated)
-                    self.store(buf, idx, value, stored, ity)
-                    continue
-                value = self.cast(value, stored, value_dt.base)
-                if len(u.src) == 4:
+                if stored.count == 1:  # (a vector: its lanes to consecutive elements, as they are)
+                    value, stored = self.cast(value, stored, value_dt.base), value_dt.base
+                if len(u.src) == 4:  # gated: a padded lane's store (PADTO), a STAGE's copy
                     gate, store_block, after = self.value(u.src[3]), self.fresh("store"), self.fresh("stored")
                     self.line(f"br i1 {gate}, label %{store_block}, label %{after}")
                     self.label(store_block)
-                    self.store(buf, idx, value, value_dt.base, ity)
+                    self.store(buf, idx, value, stored, ity)
                     self.line(f"br label %{after}")
                     self.label(after)
                 else:
-                    self.store(buf, idx, value, value_dt.base, ity)
+                    self.store(buf, idx, value, stored, ity)
             elif u.op is UOps.ALU:
                 assert dt is not None
                 srcs = [self.value(s) for s in u.src]
