@@ -293,13 +293,19 @@ def test_hoisted_reduce_keeps_results_on_cpu_devices(device: str) -> None:
     # big enough for the heuristics to block it for the cache (64 rows: more than one tile of rows on any target)
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert OptOps.HOIST in {o.op for o in k.applied_opts}
-    # a reduce of 392 steps runs in blocks of 196, and the column tiles in panels of PANEL_TILES or a near count
-    # that divides them: 320 columns are 40 tiles of 8 (AVX2: panels of 4) or 10 tiles of 32 (AVX-512: of 5)
+    # a reduce of 392 steps runs in blocks of 196, and the column tiles in panels of panel_tiles() or a near count
+    # that divides them: 320 columns are 20 tiles of 16 (AVX2: panels of 10) or 10 tiles of 32 (AVX-512: of 5)
     k = check(device, lambda a, b: a @ b, data((64, 392)), data((392, 320)))
     splits = [o.amount for o in k.applied_opts if o.op is OptOps.SPLIT]
-    tiles = 320 // tile_columns(k)
-    panel = next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2) if tiles % p == 0)
+    panel = expected_panel(320 // tile_columns(k), k.panel_tiles())
     assert OptOps.HOIST in {o.op for o in k.applied_opts} and splits == [panel, 196]
+
+
+def expected_panel(tiles: int, want: int) -> int:
+    """The tiles of a panel: `want`, else a near count that divides the tiles, else PANEL_TILES or one near it; at
+    least two panels."""
+    near = [want, want + 1, want - 1, want + 2, PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1, PANEL_TILES + 2]
+    return next(p for p in near if p < tiles and tiles % p == 0)
 
 
 @pytest.mark.parametrize("lanes, registers", [(4, 16), (8, 16), (16, 32)])  # SSE, AVX2, AVX-512 float32 vectors
@@ -309,11 +315,13 @@ def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) 
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
     renderer.vector_registers = registers
     width = lanes * 2
-    for (m, n, steps), (panel, block) in {(512, 256, 512): (PANEL_TILES, 256), (392, 320, 392): (None, 196)}.items():
+    # panels of PANEL_TILES tiles with 32 registers, twice as many (half as wide) with 16: the same columns a panel
+    want = PANEL_TILES * (2 if registers < 32 else 1)
+    for (m, n, steps), block in {(512, 256, 512): 256, (392, 320, 392): 196}.items():
         k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, m)), data((m, n))).ast, renderer)
         k.hand_coded_optimizations()
-        tiles = n // width
-        panel = panel or next(p for p in (PANEL_TILES, PANEL_TILES + 1, PANEL_TILES - 1) if tiles % p == 0)
+        assert k.panel_tiles() == want
+        panel = expected_panel(n // width, want)
         assert tile_columns(k) == width
         # two vectors wide everywhere: AVX-512's tiles of 8 rows reach MAX_UPCAST; SSE's and AVX2's 16 registers
         # hold 6 rows of two vectors, and 6 does not divide 64 rows, so they are padded to 66 (a long reduce)
@@ -628,9 +636,9 @@ def test_packed_inputs_keep_results_on_cpu_devices(device: str) -> None:
     # the heuristics pack the right-hand block of a blocked matmul, whose rows are a power of two apart
     k = check(device, lambda a, b: a @ b, data((64, 512)), data((512, 256)))
     assert [o for o in k.applied_opts if o.op is OptOps.PACK] == [Opt(OptOps.PACK, 1, 0)]
-    # (the block: a panel of PANEL_TILES tiles, BLOCK_REDUCE steps)
+    # (the block: a panel of panel_tiles() tiles, BLOCK_REDUCE steps)
     assert [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [
-        PANEL_TILES * BLOCK_REDUCE * tile_columns(k)
+        k.panel_tiles() * BLOCK_REDUCE * tile_columns(k)
     ]
     # a @ b.T: b's block is gathered into the pack, two vectors wide where the target has the registers for such a
     # tile (32: AVX-512), and the tile's vectors run along the output; one vector wide where b's rows lie a multiple
