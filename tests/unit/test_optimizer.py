@@ -460,6 +460,18 @@ def test_padto_pads_only_where_a_padded_lane_cannot_fault() -> None:
     k.apply_opt(Opt(OptOps.PADTO, 0, 6))
     assert k.full_shape == (3, 16, 24, 6)
     assert same(run_fenced("PYTHON", si, Kernel(si.ast, cpu_style_python())), run_fenced("PYTHON", si, k))
+    # in whole vectors (gated vector stores), and in blocks whose partial sums wait in the output (HOIST)
+    renderer = sixteen_registers("PYTHON")
+    si = last_kernel("PYTHON", lambda a, b: a @ b, data((13, 24)), data((24, 64)))
+    reference = run_fenced("PYTHON", si, Kernel(si.ast, renderer))
+    U, P = OptOps.UPCAST, OptOps.PADTO
+    hoisted = [Opt(OptOps.SPLIT, 1, 2), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.SPLIT, 3, 12), Opt(OptOps.HOIST, 2, 1)]
+    for opts in ([Opt(U, 1, 16), Opt(P, 0, 6)], [Opt(U, 1, 16), Opt(P, 0, 6), *hoisted]):
+        k = Kernel(si.ast, renderer)
+        k.apply_opts(opts)
+        uops = to_program(k).uops
+        assert any(u.op is UOps.STORE and len(u.src) == 4 and u.src[2].dtype.count == 8 for u in uops)
+        assert same(reference, run_fenced("PYTHON", si, k)), opts
 
 
 @pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])

@@ -19,9 +19,10 @@ outer reduce axes, a BatchNorm's sum over N, H and W, each lane runs through the
 lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). Every device and
 every optimization of the kernel sums in that order (a MAX's result has no order).
 
-Optimizations (`Opt`) reshape and permute every ShapeTracker the same way. None of them changes a result: global
-axes are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its
-elements in the order of the unoptimized kernel. `hand_coded_optimizations` chooses them from the AST and the
+Optimizations (`Opt`) reshape and permute every ShapeTracker the same way (PADTO also pads a global axis, masked:
+its padded lanes read 0 or an element of their tile and store nothing). None of them changes a result: global axes
+are independent, and a reduce is only unrolled from its innermost loop, so every accumulator still adds its elements
+in the order of the unoptimized kernel. `hand_coded_optimizations` chooses them from the AST and the
 Renderer's declared abilities only, so a kernel's optimized form is deterministic and cacheable.
 
 A symbolic size (a bound Variable's: a dynamic batch, a KV cache's length) is an axis of its own, never merged with

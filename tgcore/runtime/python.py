@@ -180,8 +180,13 @@ class PythonProgram(Program):
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
                 if isinstance(buf, _Shared):  # each workgroup's own part of the shared memory
                     buf, idx = buf.data, buf.base + idx
-                if dt.count > 1:  # consecutive elements from idx
-                    values[pc] = buf[idx[:, None] + np.arange(dt.count)]
+                if dt.count > 1:  # consecutive elements from idx (gated: only where the lane's gate is true)
+                    if len(s) == 4:
+                        gate = np.broadcast_to(s[2], (lanes,))
+                        got = buf[np.where(gate, idx, 0)[:, None] + np.arange(dt.count)]
+                        values[pc] = np.where(gate[:, None], got, np.broadcast_to(s[3], got.shape))
+                    else:
+                        values[pc] = buf[idx[:, None] + np.arange(dt.count)]
                 elif len(s) == 4:
                     gate = np.broadcast_to(s[2], (lanes,))
                     safe = np.where(gate, idx, 0)
@@ -197,8 +202,9 @@ class PythonProgram(Program):
                 if count > 1:
                     idx = (idx[:, None] + np.arange(count)).reshape(-1)
                 val = np.broadcast_to(s[2], (lanes, count) if count > 1 else (lanes,)).reshape(-1)
-                if len(s) == 4:
+                if len(s) == 4:  # (a vector's gate covers its `count` elements)
                     gate = np.broadcast_to(s[3], (lanes,))
+                    gate = np.repeat(gate, count) if count > 1 else gate
                     idx, val = idx[gate], val[gate]
                 buf[idx] = val
             elif op is UOps.ALU:
