@@ -185,8 +185,9 @@ class OptOps(Enum):
     # a global loop inside must read the same elements again; only PACKs may follow
     PACK = auto()
     # axis: a global axis, as UPCAST by `amount` where `amount` does not divide its size: the axis is padded to the
-    # next multiple of `amount` first; the lanes past its end read 0 from every input and store nothing (CPU loops
-    # only, and only for a kernel whose values there cannot trap: Kernel._pad_refusal)
+    # next multiple of `amount` first; the lanes past its end read 0 (from an input padded by PADTO alone, an element
+    # of their own tile) and store nothing (CPU loops only, and only for a kernel whose values there cannot trap:
+    # Kernel._pad_refusal)
     PADTO = auto()
 
 
@@ -998,7 +999,8 @@ class Kernel:
     def _block_for_cache(self, row: int, col: int) -> None:
         """CPU loops over a big matmul-like reduce: run the reduce in blocks of about BLOCK_REDUCE steps, each over a
         panel of output tiles that keeps its share of both inputs in cache (the partial sums wait in the output, so
-        every output still adds its elements in order). The tile's row and column axes must be the last globals."""
+        every output still adds its elements in order); a reduce too short for two blocks runs as one, over the
+        panels. The tile's row and column axes must be the last globals."""
         if not self._will_block(row, col, 1):
             return
         steps, tiles = _int(self.full_shape[self.first_reduce]), _int(self.full_shape[col])
@@ -1026,8 +1028,8 @@ class Kernel:
 
     def _will_block(self, row: int, col: int, columns: int) -> bool:
         """Whether _block_for_cache blocks this kernel once its tile is `columns` wide along `col` (1: the tile is made
-        already): CPU loops over one reduce long enough for two blocks, the tile's row and column axes the last
-        globals, and a panel of panel_tiles() or a near count of tiles that divides them (not all of them)."""
+        already): CPU loops over one reduce long enough for two blocks (or one: ONE_BLOCK), the tile's row and column
+        axes the last globals, and at least two panels of panel_tiles() or a near count of tiles that divides them."""
         if self.opts.global_max is not None or self.n_reduce != 1 or not self.is_concrete(self.first_reduce):
             return False
         if (row, col) != (self.first_reduce - 2, self.first_reduce - 1) or _int(self.full_shape[col]) % columns:
