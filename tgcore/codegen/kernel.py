@@ -125,7 +125,7 @@ def _reduce_block(size: int) -> int:
     return step if step and size >= 2 * step else 0
 
 
-def _panel(tiles: int, want: int = PANEL_TILES) -> int:
+def _panel(tiles: int, want: int) -> int:
     """The column tiles of a panel of a kernel run in blocks for the cache: `want` (Kernel.panel_tiles), or a near count
     that divides the tiles (1040 columns: 65 tiles, 13 panels), or else PANEL_TILES or a count near it; at least two
     panels (each thread takes whole panels); 0 where none does."""
@@ -518,26 +518,32 @@ class Kernel:
             _check(self.local_dims < min(3, len(local_max)), f"{opt}: no local dimension left")
             group = prod(_int(s) for s in self.full_shape[self.first_reduce - self.local_dims : self.first_reduce])
             _check(amount <= local_max[self.local_dims] and group * amount <= max(local_max), f"{opt}: too big")
-            to = self.first_reduce - self.local_dims
-        else:
-            lanes = prod(self.upcast_sizes) * amount
-            _check(lanes <= MAX_LANES, f"{opt}: {lanes} lanes is more than {MAX_LANES}")
-            upcast = prod(s for a, s in enumerate(self.upcast_sizes) if not self.is_reduce_axis(self.first_upcast + a))
-            _check(opt.op is OptOps.UNROLL or upcast * amount <= MAX_UPCAST, f"{opt}: more than {MAX_UPCAST} lanes")
-            # at the front of the upcast axes: a new unrolled axis is the outer part of the ones split before
-            to = self.first_upcast
-        before = (self.sts, self.full_shape)
-        self._split(axis, amount, to)
-        if any(len(self.sts[k].views) > len(st.views) for k, st in before[0].items()):
-            self.sts, self.full_shape = before
-            raise KernelOptError(f"{opt}: a buffer's view cannot split that axis")
-        if opt.op is OptOps.LOCAL:
+            self._split_checked(opt, axis, amount, self.first_reduce - self.local_dims)
             self.local_dims += 1
         else:
-            self.upcasted += 1
+            self._upcast(opt, axis, amount)
             if opt.op is OptOps.UNROLL and size == amount:
                 self.n_reduce -= 1
         self.applied_opts.append(opt)
+
+    def _upcast(self, opt: Opt, axis: int, amount: int, new_views: int = 0) -> None:
+        """Split `amount` lanes off `axis` (UPCAST, UNROLL, PADTO), at the front of the upcast axes: a new unrolled
+        axis is the outer part of the ones split before."""
+        lanes = prod(self.upcast_sizes) * amount
+        _check(lanes <= MAX_LANES, f"{opt}: {lanes} lanes is more than {MAX_LANES}")
+        upcast = prod(s for a, s in enumerate(self.upcast_sizes) if not self.is_reduce_axis(self.first_upcast + a))
+        _check(opt.op is OptOps.UNROLL or upcast * amount <= MAX_UPCAST, f"{opt}: more than {MAX_UPCAST} lanes")
+        self._split_checked(opt, axis, amount, self.first_upcast, new_views)
+        self.upcasted += 1
+
+    def _split_checked(self, opt: Opt, axis: int, amount: int, to: int, new_views: int = 0) -> None:
+        """_split, refused (and undone) where a buffer's tracker would need more than `new_views` more views for it
+        (its index would take divisions)."""
+        before = (self.sts, self.full_shape)
+        self._split(axis, amount, to)
+        if any(len(self.sts[k].views) > len(st.views) + new_views for k, st in before[0].items()):
+            self.sts, self.full_shape = before
+            raise KernelOptError(f"{opt}: a buffer's view cannot split that axis")
 
     def _padto(self, opt: Opt) -> None:
         axis, amount = opt.axis, opt.amount
@@ -547,8 +553,6 @@ class Kernel:
         assert isinstance(size, int)
         refusal = self._pad_refusal()
         _check(refusal is None, f"{opt}: {refusal}")
-        lanes = prod(self.upcast_sizes) * amount
-        _check(lanes <= MAX_UPCAST, f"{opt}: {lanes} lanes is more than {MAX_UPCAST}")
         padded = -(-size // amount) * amount
         shape = self.full_shape[:axis] + (padded,) + self.full_shape[axis + 1 :]
         sts, pad_only = {}, set(self.pad_only)
@@ -564,11 +568,11 @@ class Kernel:
                 sts[k] = st.pad(tuple((0, padded - size) if a == axis else (0, 0) for a in range(len(st.shape))))
         saved = (self.sts, self.full_shape)
         self.sts, self.full_shape = sts, shape
-        self._split(axis, amount, self.first_upcast)
-        if any(len(self.sts[k].views) > len(st.views) + 1 for k, st in saved[0].items()):
+        try:  # (a padded tracker takes one view more: its mask's, whose index is the same sum)
+            self._upcast(opt, axis, amount, new_views=1)
+        except KernelOptError:
             self.sts, self.full_shape = saved
-            raise KernelOptError(f"{opt}: a buffer's view cannot split that axis")
-        self.upcasted += 1
+            raise
         self.pad_only = frozenset(pad_only)
         self.applied_opts.append(opt)
 

@@ -581,24 +581,25 @@ class Linearizer:
             const = sum(int(t.b) for t in terms if isinstance(t, NumNode))
             split = self.index_terms[leaf] = (Node.sum([t for t in terms if not isinstance(t, NumNode)]), const)
         var, const = split
-        offset: Union[int, UOp] = const + offsets[combo]
         self.check_index(base.min + offsets[combo], base.max + offsets[combo])
         if unless is not None and offsets[combo]:  # (a choice between two constants: computed outside the loops)
-            offset = self.alu(
-                TernaryOps.WHERE, self.index_dtype, self.node(unless), self.node(offset), self.node(const)
-            )
+            where, own = self.node(unless), self.node(const + offsets[combo])
+            pick = self.alu(TernaryOps.WHERE, self.index_dtype, where, own, self.node(const))
+            return pick if isinstance(var, NumNode) else self.alu(BinaryOps.ADD, self.index_dtype, self.node(var), pick)
+        offset = const + offsets[combo]
         if isinstance(var, NumNode):
-            return self.node(offset) if isinstance(offset, int) else offset
+            return self.node(offset)
         at = self.node(var)
-        if isinstance(offset, int) and offset == 0:
+        if offset == 0:
             return at
-        return self.alu(BinaryOps.ADD, self.index_dtype, at, self.node(offset) if isinstance(offset, int) else offset)
+        return self.alu(BinaryOps.ADD, self.index_dtype, at, self.const(offset, self.index_dtype))
 
     def _unguarded(self, leaf: LazyOp, combo: int, valid: Node) -> Optional[UOp]:
         """The index a load of access `combo` of `leaf` (valid where `valid` holds) reads at with no test, where it
-        can: a leaf whose only mask is a PADTO's (Kernel.pad_only), read at lane 0's index plus a constant. A padded
-        lane computes only values that are never stored, so its load need only stay inside the buffer: there it
-        reads lane 0's element (valid: a padded axis pads less than one tile, so every tile's lane 0 is inside)."""
+        can (else None): a leaf whose only mask is a PADTO's (Kernel.pad_only), read at lane 0's index plus a
+        constant. A padded lane computes only values that are never stored, so its load need only stay inside the
+        buffer: there it reads lane 0's element (valid: a padded axis pads less than one tile, so every tile's lane 0
+        is inside)."""
         if leaf not in self.k.pad_only or (known := self.lane_offsets.get(leaf)) is None:
             return None
         return self._offset_index(leaf, combo, known[0], known[1], unless=valid)
@@ -624,20 +625,22 @@ class Linearizer:
             if not all(offsets[c] - offsets[first] == i for i, c in enumerate(lanes)):
                 return None
             valids = self.lane_valids.get(leaf)  # (None: one validity for every lane)
-            return (idx0, valid0) if valids is None or all(_same(valids[c], valid0) for c in lanes) else None
+            return (idx0, valid0) if valids is None or all(valids[c] == valid0 for c in lanes) else None
         for i in range(1, self.width):
             idx, valid = self.access(leaf, lanes[i])
             diff = idx - idx0
-            if not _same(valid, valid0) or not isinstance(diff, NumNode) or int(diff.b) != i:
+            if valid != valid0 or not isinstance(diff, NumNode) or int(diff.b) != i:
                 return None
         return idx0, valid0
 
     def _store_index(self, store: LazyOp, combo: int) -> tuple[UOp, Optional[Node]]:
-        """Access `combo` of `store`: its index as a uop and its validity (None: always valid)."""
-        known = self.lane_offsets.get(store)
-        if known is None or known[2] is None:
+        """Access `combo` of `store`: its index as a uop (with no Node math where _access_index has none) and its
+        validity (None: always valid)."""
+        if self._offsets(store) is not None:  # (always valid)
             return self._access_index(store, combo), None
-        valid = self.access(store, combo)[1]
+        idx, valid = self.access(store, combo)
+        if (known := self.lane_offsets.get(store)) is None:
+            return self.node(idx), valid
         return self._offset_index(store, combo, known[0], known[1]), valid
 
     def _store(self, store: LazyOp, values: list[Value]) -> None:
@@ -757,21 +760,14 @@ class Linearizer:
         op = self.packs.get(op, op)
         if self.staging and op in self.stages:
             return tuple(self._staged_load(op, lane) for lane in self._group_lanes(g))
-        got = self._vector_access(op, g) if op.op is not BufferOps.CONST and self._vectorizable(dt) else None
-        # (one load under one test for the whole vector only for a leaf padded by PADTO alone: a padded input's gated
-        # lanes, a conv's, keep their loads per lane)
-        if got is not None and (got[1] is None or op in self.k.pad_only):
-            idx, valid = got
-            vec = dt.vec(self.width)
-            if valid is None:
-                return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], self.node(idx)))
-            zero = self._vector(self._splat(self.const(0, dt)))
-            if isinstance(valid, NumNode):  # (never valid)
-                return zero
-            if (at := self._unguarded(op, self.index_nodes(op)[0][g * self.width], valid)) is not None:
-                return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], at))
-            return self.uop(UOps.LOAD, vec, (self.buffers[op.arg.idx], self.node(idx), self.node(valid), zero))
         lane_combo, combos = self.index_nodes(op)
+        if op.op is not BufferOps.CONST and self._vectorizable(dt) and (got := self._vector_access(op, g)) is not None:
+            # one vector load where always valid, or padded by PADTO alone (read with no test); a gated input's lanes
+            # (a conv's padding) keep their loads per lane
+            idx, valid = got
+            at = self.node(idx) if valid is None else self._unguarded(op, lane_combo[g * self.width], valid)
+            if at is not None:
+                return self.uop(UOps.LOAD, dt.vec(self.width), (self.buffers[op.arg.idx], at))
         if (known := self._offsets(op)) is not None:  # every access always valid, at lane 0's plus a constant
             if op.op is BufferOps.CONST:
                 return tuple(self._lower_leaf(op, known[0], None) for _ in self._group_lanes(g))
@@ -1182,11 +1178,6 @@ class Linearizer:
         if isinstance(acc, tuple):
             return tuple(a.src[0] if a.op is UOps.PHI else a for a in acc)
         return acc.src[0] if acc.op is UOps.PHI else acc
-
-
-def _same(a: Optional[Node], b: Optional[Node]) -> bool:
-    """Whether two validities are the same condition (None: always valid)."""
-    return a is b or (a is not None and b is not None and a == b)
 
 
 def _live(uops: list[UOp]) -> list[UOp]:

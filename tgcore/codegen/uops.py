@@ -32,9 +32,9 @@ of the same list. The kinds, as `op: dtype; src; arg`:
 
 Vectors (only for a Renderer whose `vector_uops` is True; no other renderer ever receives them): a dtype made by
 `dtype.vec(n)` (n > 1; so far float32 and float64, n a power of two up to 16) may be the dtype of
-- LOAD (buffer, index) or (buffer, index, gate, alt): the n consecutive elements from `index` (not necessarily
-  aligned); gated by one scalar bool for all n lanes, alt a vector (a CPU-style kernel's PADTO lanes only),
-- STORE (buffer, index, vector value) or (buffer, index, vector value, gate): likewise,
+- LOAD (buffer, index): the n consecutive elements from `index` (not necessarily aligned; never gated),
+- STORE (buffer, index, vector value): likewise; or (buffer, index, vector value, gate), gated by one scalar bool for
+  all n elements (a CPU-style kernel's PADTO rows only),
 - ALU with ADD, SUB, MUL, DIV, NEG, the ops in the renderer's `vector_math`, and MULACC where the renderer
   declares `fused_mulacc`: lane by lane, every operand a vector of the same dtype; except that CMPLT and CMPEQ (in
   `vector_math`) compare two float32 vectors into a `bool.vec(n)` mask, and WHERE (in `vector_math`) selects between

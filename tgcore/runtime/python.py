@@ -180,13 +180,8 @@ class PythonProgram(Program):
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
                 if isinstance(buf, _Shared):  # each workgroup's own part of the shared memory
                     buf, idx = buf.data, buf.base + idx
-                if dt.count > 1:  # consecutive elements from idx (gated: only where the lane's gate is true)
-                    if len(s) == 4:
-                        gate = np.broadcast_to(s[2], (lanes,))
-                        got = buf[np.where(gate, idx, 0)[:, None] + np.arange(dt.count)]
-                        values[pc] = np.where(gate[:, None], got, np.broadcast_to(s[3], got.shape))
-                    else:
-                        values[pc] = buf[idx[:, None] + np.arange(dt.count)]
+                if dt.count > 1:  # consecutive elements from idx
+                    values[pc] = buf[idx[:, None] + np.arange(dt.count)]
                 elif len(s) == 4:
                     gate = np.broadcast_to(s[2], (lanes,))
                     safe = np.where(gate, idx, 0)
