@@ -8,11 +8,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from tgcore import lazymath
 from tgcore.dtype import DType, dtypes, sum_acc_dtype
 from tgcore.helpers import argsort
 from tgcore.lazy import LazyBuffer
-from tgcore.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
+from tgcore.ops import BinaryOps, ComposedOps, ReduceOps, TernaryOps, UnaryOps
 from tgcore.shape.symbolic import sint
 
 
@@ -108,13 +107,13 @@ class Sin(Function):
         return x.e(UnaryOps.SIN)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return lazymath.cos(self.x).e(BinaryOps.MUL, grad_output)
+        return self.x.composed(ComposedOps.COS).e(BinaryOps.MUL, grad_output)
 
 
 class Cos(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.cos(x)
+        return x.composed(ComposedOps.COS)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return self.x.e(UnaryOps.SIN).e(UnaryOps.NEG).e(BinaryOps.MUL, grad_output)
@@ -141,7 +140,7 @@ class Log(Function):
 
 class Exp(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        self.ret = lazymath.exp(x)
+        self.ret = x.composed(ComposedOps.EXP)
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
@@ -151,16 +150,17 @@ class Exp(Function):
 class Expm1(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.expm1(x)
+        return x.composed(ComposedOps.EXPM1)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return lazymath.exp(self.x).e(BinaryOps.MUL, grad_output)  # (not expm1 + 1: -1 + 1 is 0 for x < -17)
+        # (not expm1 + 1: -1 + 1 is 0 for x < -17)
+        return self.x.composed(ComposedOps.EXP).e(BinaryOps.MUL, grad_output)
 
 
 class Log1p(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.log1p(x)
+        return x.composed(ComposedOps.LOG1P)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return grad_output.e(BinaryOps.DIV, self.x.e(BinaryOps.ADD, self.x.const(1)))
@@ -169,40 +169,40 @@ class Log1p(Function):
 class Tanh(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.tanh(x)
+        return x.composed(ComposedOps.TANH)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         # 1 / cosh(x)^2, not 1 - tanh(x)^2, which cancels as tanh(x) nears 1
-        c = lazymath.cosh(self.x)
+        c = self.x.composed(ComposedOps.COSH)
         return grad_output.e(BinaryOps.DIV, c.e(BinaryOps.MUL, c))
 
 
 class Sinh(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.sinh(x)
+        return x.composed(ComposedOps.SINH)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return lazymath.cosh(self.x).e(BinaryOps.MUL, grad_output)
+        return self.x.composed(ComposedOps.COSH).e(BinaryOps.MUL, grad_output)
 
 
 class Cosh(Function):
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.cosh(x)
+        return x.composed(ComposedOps.COSH)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return lazymath.sinh(self.x).e(BinaryOps.MUL, grad_output)
+        return self.x.composed(ComposedOps.SINH).e(BinaryOps.MUL, grad_output)
 
 
 class Softplus(Function):
     # log(1 + e^x); the gradient is sigmoid(x)
     def forward(self, x: LazyBuffer) -> LazyBuffer:
         self.x = x
-        return lazymath.softplus(x)
+        return x.composed(ComposedOps.SOFTPLUS)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
-        return lazymath.sigmoid(self.x).e(BinaryOps.MUL, grad_output)
+        return self.x.composed(ComposedOps.SIGMOID).e(BinaryOps.MUL, grad_output)
 
 
 class Exp2(Function):
@@ -238,7 +238,7 @@ class Sqrt(Function):
 class Sigmoid(Function):
     # 1 / (1 + exp(-x))
     def forward(self, x: LazyBuffer) -> LazyBuffer:
-        self.ret = lazymath.sigmoid(x)
+        self.ret = x.composed(ComposedOps.SIGMOID)
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:

@@ -12,10 +12,10 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from tgcore import storage
+from tgcore import lazymath, storage
 from tgcore.device import Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
-from tgcore.ops import BinaryOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.ops import BinaryOps, ComposedOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.registry import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
@@ -225,6 +225,16 @@ class LazyBuffer:
         # a base's tracker is the contiguous one of its shape: reused, not looked up again
         st = self.st if self._base is None else ShapeTracker.from_shape(shape)
         return LazyBuffer(device, st, out_dtype, op, arg, srcs)
+
+    def composed(self, op: ComposedOps) -> LazyBuffer:
+        """The float function `op` (lazymath.py) of this buffer: one node that stands for its whole composition (the
+        scheduler writes it out into the kernel that computes it); of a constant, the folded constant."""
+        if self.dtype not in dtypes._float_set:
+            raise TypeError(f"{op.name.lower()} needs a float operand, got {self.dtype}")
+        if self.size == 0 or (self.is_unrealized_unmasked_const() and not isinstance(self.base.arg, Node)):
+            return lazymath.COMPOSITIONS[op](self)  # (each op of it folds; nothing computes an empty one)
+        st = self.st if self._base is None else ShapeTracker.from_shape(self.shape)
+        return LazyBuffer(self.device, st, self.dtype, op, None, (self,))
 
     def r(self, op: ReduceOps, axis: tuple[int, ...]) -> LazyBuffer:
         """Reduce over `axis`, keeping those axes with size 1."""

@@ -12,7 +12,9 @@ few ulps of the exact value (the tests measure them against float64 / exact refe
   u = 1 + x: the rounding error of u cancels between numerator and denominator.
 - cos: sin(2x) / (2 sin(x)), the device's SIN (which reduces any argument exactly) twice.
 
-float16 and bfloat16 arguments are computed in float32 and rounded back. Every routine takes and returns LazyBuffers
+float16 and bfloat16 arguments are computed in float32 and rounded back. In the lazy graph each of these functions is
+one node (ops.py, ComposedOps; LazyBuffer.composed), written out by `compose` when the scheduler builds the kernel
+that computes it. Every routine takes and returns LazyBuffers
 of one float dtype; inputs outside a function's domain give what numpy gives (inf, NaN).
 """
 
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tgcore.dtype import DType, dtypes
-from tgcore.lazy import LazyBuffer
-from tgcore.ops import BinaryOps, TernaryOps, UnaryOps
+from tgcore.ops import BinaryOps, ComposedOps, TernaryOps, UnaryOps
+
+if TYPE_CHECKING:  # (lazy.py imports this module: its nodes stand for these compositions)
+    from tgcore.lazy import LazyBuffer
 
 # per float dtype: rounding shift (adding and subtracting it rounds to an integer), ln2 in two parts (the first
 # with few mantissa bits, so n * part is exact), the clamp of exp's argument (just past overflow and underflow),
@@ -235,3 +239,22 @@ def sigmoid(x: LazyBuffer) -> LazyBuffer:
     e = exp(_where(neg, x, x.e(UnaryOps.NEG)))  # e^-|x| (NaN stays NaN)
     r = _div(_c(x, 1.0), _add(_c(x, 1.0), e))
     return _mul(_where(neg, e, _c(x, 1.0)), r)  # (from 0 up: exactly r)
+
+
+# the function each ComposedOps node stands for
+COMPOSITIONS: dict[ComposedOps, Callable[[LazyBuffer], LazyBuffer]] = {
+    ComposedOps.EXP: exp,
+    ComposedOps.EXPM1: expm1,
+    ComposedOps.LOG1P: log1p,
+    ComposedOps.COS: cos,
+    ComposedOps.TANH: tanh,
+    ComposedOps.SINH: sinh,
+    ComposedOps.COSH: cosh,
+    ComposedOps.SOFTPLUS: softplus,
+    ComposedOps.SIGMOID: sigmoid,
+}
+
+
+def compose(b: LazyBuffer) -> LazyBuffer:
+    """The composition that the ComposedOps node `b` stands for, of b's source: a graph of primitive ops."""
+    return COMPOSITIONS[b.op](b.srcs[0])  # type: ignore[index]

@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 from tgcore.dtype import ConstType, DType
 from tgcore.helpers import all_same, prod
 from tgcore.lazy import LazyBuffer
-from tgcore.ops import BinaryOps, ReduceOps, TernaryOps, UnaryOps
+from tgcore.ops import BinaryOps, ComposedOps, ReduceOps, TernaryOps, UnaryOps
 from tgcore.shape.symbolic import sint
 
 
@@ -138,6 +138,9 @@ class MultiLazyBuffer:
             srcs = [s if s.axis is not None else s._on_shards_of(first) for s in srcs]
         axis = axes.pop() if axes else None
         return MultiLazyBuffer([lbs[0].e(op, *lbs[1:], arg=arg) for lbs in zip(*[s.lbs for s in srcs])], axis)
+
+    def composed(self, op: ComposedOps) -> MultiLazyBuffer:
+        return MultiLazyBuffer([x.composed(op) for x in self.lbs], self.axis)
 
     def r(self, op: ReduceOps, axis: tuple[int, ...]) -> MultiLazyBuffer:
         parts = [x.r(op, axis) for x in self.lbs]

@@ -95,7 +95,24 @@ class IndexOps(_OpEnum):
     GATHER = auto()
 
 
-Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, IndexOps]
+class ComposedOps(_OpEnum):
+    """Float functions composed from the elementwise ops above (tgcore/lazymath.py says how, to numpy's accuracy). In
+    the lazy graph each is one elementwise node, so building and scheduling exp(x) costs one node, not the ~35 of its
+    composition; the scheduler writes the composition into the kernel that computes it (engine/schedule.py), so a
+    kernel's AST, a renderer and a device never meet one."""
+
+    EXP = auto()
+    EXPM1 = auto()
+    LOG1P = auto()
+    COS = auto()
+    TANH = auto()
+    SINH = auto()
+    COSH = auto()
+    SOFTPLUS = auto()
+    SIGMOID = auto()
+
+
+Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, IndexOps, ComposedOps]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Optional
 
+from tgcore import lazymath
 from tgcore.device import Device
 from tgcore.engine.realize import raise_if_counted
 from tgcore.lazy import LazyBuffer
 from tgcore.ops import (
     BinaryOps,
     BufferOps,
+    ComposedOps,
     ConstBuffer,
     GatherBuffer,
     IndexOps,
@@ -62,8 +64,8 @@ _PAD_SAFE = {
     TernaryOps.WHERE,
     TernaryOps.MULACC,
 }
-_ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
-_INLINED = (UnaryOps, BinaryOps, TernaryOps, IndexOps)  # bases computed inside the kernels that read them
+_ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps, ComposedOps)
+_INLINED = (UnaryOps, BinaryOps, TernaryOps, ComposedOps, IndexOps)  # bases computed inside the kernels that read them
 # the most ops a kernel's expression nests (deeper chains are split into kernels, see _Graph._limit_kernels) and the
 # most buffers it reads; the deepest of tgcore's own composed functions (pow, through exp and log) nest about 90
 MAX_FUSED_DEPTH = 128
@@ -73,6 +75,32 @@ MAX_KERNEL_INPUTS = 64
 # feed-forward, layer after layer) read by the next layer's LayerNorm. Inlined, each layer's kernels read one more
 # term than the last (GPT-2's 12 layers compiled 84 kernels for one step, 12 for one layer realized)
 SHARED_INPUTS_MIN = 3
+
+
+_COMPOSED_TRAITS: dict[tuple[ComposedOps, str, str], tuple[int, bool]] = {}
+
+
+def _composed_traits(b: LazyBuffer) -> tuple[int, bool]:
+    """For a ComposedOps node: (how deep its composition's ops nest, whether each of them maps zeros to 0), what
+    _limit_kernels and _pad_safe find in the written-out graph. The same for every node of one op and dtype: found
+    once, on a stand-in source."""
+    key = (b.op, b.dtype.name, b.device)
+    if (found := _COMPOSED_TRAITS.get(key)) is None:
+        stand_in = LazyBuffer.loadop(LoadOps.EMPTY, (1,), b.dtype, b.device)
+        root = lazymath.COMPOSITIONS[b.op](stand_in).base  # type: ignore[index]
+        depth: dict[LazyBuffer, int] = {}
+        safe, stack = True, [root]
+        while stack:  # sources first, each once
+            n = stack[-1]
+            todo = [s.base for s in n.srcs if s.base is not stand_in and s.base.op is not LoadOps.CONST]
+            if pending := [s for s in todo if s not in depth]:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            depth[n] = 1 + max((depth[s] for s in todo), default=0)
+            safe = safe and n.op in _PAD_SAFE
+        found = _COMPOSED_TRAITS[key] = (depth[root], safe)
+    return found
 
 
 @dataclass
@@ -192,11 +220,12 @@ class _Graph:
                     inlined.append(sb)
                     d = max(d, depth[sb])
                     ins |= inputs[sb]
-            if inlined and (d >= MAX_FUSED_DEPTH or len(ins) > MAX_KERNEL_INPUTS):
+            weight = _composed_traits(b)[0] if isinstance(b.op, ComposedOps) else 1  # (the ops it stands for)
+            if inlined and (d + weight > MAX_FUSED_DEPTH or len(ins) > MAX_KERNEL_INPUTS):
                 for sb in inlined:
                     realizes[sb] = None
                 d, ins = 0, {s.base for s in b.srcs if s.base.op is not const or s.base.realized is not None}
-            depth[b], inputs[b] = d + 1, frozenset(ins)
+            depth[b], inputs[b] = d + weight, frozenset(ins)
             if len(ins) >= SHARED_INPUTS_MIN and b not in realizes and isinstance(b.op, _ELEMENTWISE):
                 readers = {c for c, _ in self.children.get(b, [])}
                 if len(readers) >= 2 and any(c.op in ReduceOps for c in readers):
@@ -274,7 +303,7 @@ class _Graph:
             if n in self.pad_safe:
                 stack.pop()
                 continue
-            if n.op not in _PAD_SAFE:
+            if n.op not in _PAD_SAFE and not (isinstance(n.op, ComposedOps) and _composed_traits(n)[1]):
                 self.pad_safe[n] = False
                 stack.pop()
                 continue
@@ -360,6 +389,9 @@ class _KernelBuilder:
             return self.read(src.base, src.st + st)
         if b.op is IndexOps.GATHER:
             return self._gather(b, st)
+        if isinstance(b.op, ComposedOps):  # written out: its composition's base, read as b is
+            root = lazymath.compose(b)
+            return self.read(root, st) if root._base is None else self.read(root.base, root.st + st)
         return LazyOp(b.op, tuple(self.read(s.base, s.st + st) for s in b.srcs), b.arg)
 
     def _gather(self, b: LazyBuffer, st: ShapeTracker) -> LazyOp:
@@ -442,7 +474,8 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
 # the ops a cached graph may hold: the ones whose schedule depends on nothing but the graph's structure (a set: ops
 # hash by identity, in C)
 _CACHEABLE = frozenset(
-    (*UnaryOps, *BinaryOps, *TernaryOps, *ReduceOps, *IndexOps, LoadOps.CONST, LoadOps.CONTIGUOUS, LoadOps.ASSIGN)
+    (*UnaryOps, *BinaryOps, *TernaryOps, *ComposedOps, *ReduceOps, *IndexOps, LoadOps.CONST, LoadOps.CONTIGUOUS,
+     LoadOps.ASSIGN)
 )
 _SCHEDULE_CACHE_SIZE = 4096
 # a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
