@@ -194,21 +194,25 @@ class LAMB(Optimizer):
     def _step(self) -> list[Tensor]:
         self.b1_t.assign(self.b1_t * self.b1)
         self.b2_t.assign(self.b2_t * self.b2)
+        # the bias corrections' divisors, built once for every parameter (and as 0-d for a 0-d one)
+        c1, c2 = 1.0 - self.b1_t, 1.0 - self.b2_t
+        c1_0d, c2_0d = c1.reshape(()), c2.reshape(())
         for i, p in enumerate(self.params):
             assert p.grad is not None  # checked in schedule_step
             g = p.grad
             self.m[i].assign((self.b1 * self.m[i] + (1.0 - self.b1) * g).cast(dtypes.float32))
             self.v[i].assign((self.b2 * self.v[i] + (1.0 - self.b2) * (g * g)).cast(dtypes.float32))
-            b1_t, b2_t = (self.b1_t.reshape(()), self.b2_t.reshape(())) if p.ndim == 0 else (self.b1_t, self.b2_t)
-            m_hat = self.m[i] / (1.0 - b1_t)
-            v_hat = self.v[i] / (1.0 - b2_t)
-            update = (m_hat / (v_hat.sqrt() + self.eps)) + self.wd * p.detach()
-            trust: Union[Tensor, float] = 1.0
+            m_hat = self.m[i] / (c1_0d if p.ndim == 0 else c1)
+            v_hat = self.v[i] / (c2_0d if p.ndim == 0 else c2)
+            update = m_hat / (v_hat.sqrt() + self.eps)
+            if self.wd != 0:  # (the terms that would add 0 or multiply by 1 are not built: fewer ops to run eagerly)
+                update = update + self.wd * p.detach()
+            scale = self._lr_for(p)
             if not self.adam:
                 weight_norm = p.detach().square().sum().sqrt()
                 update_norm = update.square().sum().sqrt()
-                trust = (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
-            p.assign((p.detach() - self._lr_for(p) * trust * update).cast(p.dtype))
+                scale = scale * (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
+            p.assign((p.detach() - scale * update).cast(p.dtype))
         return [self.b1_t, self.b2_t] + self.m + self.v
 
 
