@@ -424,7 +424,7 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
     vals = var_vals or {}
     if len(schedule) == 1:  # one kernel (an op realized in a loop): launched without the general loop's bookkeeping
         si = schedule[0]
-        if si.ast.op is BufferOps.STORE and si.check is None and not getattr(_capturing, "stack", None):
+        if si.ast.op is BufferOps.STORE and si.check is None and not _capturing.stack:
             out = si.outputs[0]
             _run(get_runner(out.device, si.ast), [*si.bufs], vals, False)
             out.realized, out.srcs = out.buffer, ()
@@ -433,7 +433,7 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
     for i, si in enumerate(schedule):
         if failed is not None and i == failed[0]:
             raise failed[1]
-        if capturing_stack := getattr(_capturing, "stack", None):  # TinyJit records the ExecItem (this thread's)
+        if capturing_stack := _capturing.stack:  # TinyJit records the ExecItem (this thread's)
             ei = lower_schedule_item(si)
             ei.check = si.check
             capturing = capturing_stack[-1]
@@ -454,4 +454,8 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
 
 # TinyJit registers a callback here while it records a function's kernels
 # .stack: per thread, the callbacks of the TinyJits recording (only this thread's kernels go to its recording)
-_capturing = threading.local()
+class _Capturing(threading.local):
+    stack: Any = ()  # (a thread that never recorded: a class default, read without getattr's missed-attribute cost)
+
+
+_capturing = _Capturing()
