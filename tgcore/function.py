@@ -44,6 +44,52 @@ class Function:
         return ret
 
 
+class Chain(Function):
+    """Several Functions applied as one (Tensor.dot's reshapes, permute and expands, its product and its sum): the
+    same LazyBuffer graph, forward and backward, as applying them one by one, without a Tensor and an apply for each
+    step. `branches`: per input, its steps (a Function class and its keyword arguments) up to `join`, the Function of
+    every branch's result; `tail`: the steps after it."""
+
+    def forward(
+        self,
+        *xs: LazyBuffer,
+        branches: tuple[tuple[tuple[type[Function], dict[str, Any]], ...], ...],
+        join: type[Function],
+        tail: tuple[tuple[type[Function], dict[str, Any]], ...],
+    ) -> LazyBuffer:
+        ends, self.branches = [], []
+        for x, steps, needs in zip(xs, branches, self.needs_input_grad):
+            ctxs = [self._step(cls, [needs]) for cls, _ in steps]
+            for ctx, (_, kwargs) in zip(ctxs, steps):
+                x = ctx.forward(x, **kwargs)
+            ends.append(x)
+            self.branches.append(ctxs)
+        self.join = self._step(join, self.needs_input_grad)
+        y = self.join.forward(*ends)
+        self.tail = [self._step(cls, [self.requires_grad]) for cls, _ in tail]
+        for ctx, (_, kwargs) in zip(self.tail, tail):
+            y = ctx.forward(y, **kwargs)
+        return y
+
+    def _step(self, cls: type[Function], needs: list[Any]) -> Function:
+        """A step's Function, made without Tensors: it needs the gradient of its input where the chain's does."""
+        ctx = cls.__new__(cls)
+        ctx.device, ctx.needs_input_grad, ctx.requires_grad = self.device, needs, any(needs)
+        return ctx
+
+    def backward(self, grad_output: LazyBuffer) -> tuple[Optional[LazyBuffer], ...]:
+        for ctx in reversed(self.tail):
+            grad_output = ctx.backward(grad_output)
+        grads = self.join.backward(grad_output)
+        out = []
+        for g, ctxs in zip(grads if isinstance(grads, tuple) else (grads,), self.branches):
+            if g is not None:
+                for ctx in reversed(ctxs):
+                    g = ctx.backward(g)
+            out.append(g)
+        return tuple(out)
+
+
 _requires_grad = attrgetter("requires_grad")
 _lazydata = attrgetter("lazydata")
 

@@ -1230,10 +1230,64 @@ class Tensor:
             raise ShapeError(
                 f"dot: shapes {self.shape} and {w.shape} do not align ({self.shape[-1]} != {w.shape[-min(n2, 2)]})"
             )
+        if (
+            acc_dtype is None
+            and self.dtype is w.dtype
+            and self.dtype in dtypes._float_set
+            and type(self.lazydata) is LazyBuffer
+            and type(w.lazydata) is LazyBuffer
+            and self.device == w.device
+            and all_int(self.shape)
+            and all_int(w.shape)
+        ):
+            return self._dot_chain(w)
         x = self.reshape(*self.shape[:-1], *[1] * min(n1 - 1, n2 - 1, 1), self.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(n1 - 1, n2 - 1, 1), *w.shape[-min(n2, 2) :]).transpose(-1, -min(n2, 2))
         out_dtype = least_upper_dtype(x.dtype, w.dtype)
         return (x * w).sum(-1, acc_dtype=acc_dtype).cast(acc_dtype or out_dtype)
+
+    def _dot_chain(self, w: Tensor) -> Tensor:
+        """dot of two float tensors of one dtype as one Function (F.Chain) of the steps the general path applies one
+        by one (reshapes, the transpose, the broadcast, the product, the sum and its casts): the same graph, forward
+        and backward, for a fraction of the Python. The steps depend on the shapes and the dtype alone: planned once."""
+        key = (self.shape, w.shape, self.dtype)
+        if (plan := _DOT_PLANS.get(key)) is None:
+            if len(_DOT_PLANS) >= 1024:
+                _DOT_PLANS.clear()
+            plan = _DOT_PLANS[key] = self._dot_plan(w)
+        return F.Chain.apply(self, w, branches=plan[0], join=F.Mul, tail=plan[1])
+
+    def _dot_plan(self, w: Tensor) -> tuple[Any, Any]:
+        n1, n2 = self.ndim, w.ndim
+        ones = (1,) * min(n1 - 1, n2 - 1, 1)
+        x_shape = (*self.shape[:-1], *ones, self.shape[-1])
+        w_shape = (*w.shape[:-2], *ones, *w.shape[-min(n2, 2) :])
+        x_steps: list[tuple[type[Function], dict[str, Any]]] = []
+        w_steps: list[tuple[type[Function], dict[str, Any]]] = []
+        if x_shape != self.shape:
+            x_steps.append((F.Reshape, {"shape": x_shape}))
+        if w_shape != w.shape:
+            w_steps.append((F.Reshape, {"shape": w_shape}))
+        order = list(range(len(w_shape)))
+        order[-1], order[-min(n2, 2)] = order[-min(n2, 2)], order[-1]
+        w_steps.append((F.Permute, {"order": tuple(order)}))
+        w_shape = tuple(w_shape[i] for i in order)
+        if x_shape != w_shape:  # (_broadcasted's broadcast: a reshape to the rank, then an expand)
+            shape = _broadcast_shape(x_shape, w_shape)
+            for steps, s in ((x_steps, x_shape), (w_steps, w_shape)):
+                if len(s) < len(shape):
+                    s = (1,) * (len(shape) - len(s)) + s
+                    steps.append((F.Reshape, {"shape": s}))
+                if s != shape:
+                    steps.append((F.Expand, {"shape": shape}))
+        else:
+            shape = x_shape
+        acc, dt = sum_acc_dtype(self.dtype), self.dtype
+        tail: list[tuple[type[Function], dict[str, Any]]] = [(F.Cast, {"dtype": acc})] if acc != dt else []
+        tail += [(F.Sum, {"axis": (len(shape) - 1,)}), (F.Reshape, {"shape": shape[:-1]})]
+        if dt in (dtypes.float16, dtypes.bfloat16):
+            tail.append((F.Cast, {"dtype": dt}))
+        return (tuple(x_steps), tuple(w_steps)), tuple(tail)
 
     def matmul(self, x: Tensor, reverse: bool = False, acc_dtype: Optional[DType] = None) -> Tensor:
         return x.dot(self, acc_dtype) if reverse else self.dot(x, acc_dtype)
@@ -2443,6 +2497,10 @@ def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
         if _assign_hazard(value, target):  # computed apart first, so the kernel reads nothing it overwrites
             value = value.contiguous()
         run_schedule(*create_schedule_with_vars([target.assign(value)]))
+
+
+# Tensor._dot_chain's plans: (shapes, dtype) -> (the two inputs' steps, the steps after their product)
+_DOT_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:

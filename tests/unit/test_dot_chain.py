@@ -1,0 +1,87 @@
+"""Tensor.dot of two float tensors of one dtype is one Function (function.Chain) of the steps the general path applies
+one by one: the same kernels forward and backward, and numpy's values."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tgcore import Tensor, dtypes
+from tgcore.dtype import DType
+from tgcore.engine.schedule import create_schedule
+from tgcore.function import Chain
+from tgcore.ops import LazyOp
+
+SHAPES = [
+    ((5,), (5,)),
+    ((5,), (5, 3)),
+    ((4, 5), (5,)),
+    ((4, 5), (5, 3)),
+    ((2, 4, 5), (5, 3)),
+    ((4, 5), (2, 5, 3)),
+    ((2, 1, 4, 5), (3, 5, 2)),
+    ((3, 4, 5), (3, 5, 2)),
+]
+
+
+def _same_tree(a: LazyOp, b: LazyOp) -> bool:
+    return a.op is b.op and a.arg == b.arg and len(a.src) == len(b.src) and all(map(_same_tree, a.src, b.src))
+
+
+def _step_by_step(a: Tensor, b: Tensor) -> Tensor:
+    """dot as the general path writes it: reshapes, a transpose, a broadcast product and a sum, each an apply."""
+    ones = [1] * min(a.ndim - 1, b.ndim - 1, 1)
+    x = a.reshape(*a.shape[:-1], *ones, a.shape[-1])
+    w = b.reshape(*b.shape[:-2], *ones, *b.shape[-min(b.ndim, 2) :]).transpose(-1, -min(b.ndim, 2))
+    return (x * w).sum(-1)
+
+
+def _kernels(t: Tensor) -> list[LazyOp]:
+    return [si.ast for si in create_schedule([t.lazydata])]
+
+
+@pytest.mark.parametrize(
+    "shapes,dtype,needs",
+    list(itertools.product(SHAPES, [dtypes.float32, dtypes.float16], [(True, True), (True, False), (False, True)])),
+)
+def test_dot_as_one_function_gives_the_step_by_step_kernels_and_numpy_values(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]], dtype: DType, needs: tuple[bool, bool]
+) -> None:
+    rng = np.random.default_rng(len(shapes[0]) * 10 + len(shapes[1]))
+    a_np, b_np = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    results = []
+    for fast in (True, False):
+        a0, b0 = Tensor(a_np, requires_grad=needs[0]), Tensor(b_np, requires_grad=needs[1])
+        a, b = a0.cast(dtype), b0.cast(dtype)
+        out = a @ b if fast else _step_by_step(a, b)
+        assert isinstance(out._ctx, Chain) == fast
+        out.float().sum().backward()
+        results.append([out, a0.grad, b0.grad])
+    for fast, slow, needed in zip(results[0], results[1], (True, *needs)):
+        assert (fast is None) == (slow is None) == (not needed)
+        if fast is not None:
+            kf, ks = _kernels(fast), _kernels(slow)
+            assert len(kf) == len(ks) and all(map(_same_tree, kf, ks))
+            np.testing.assert_array_equal(fast.numpy(), slow.numpy())
+    a64, b64 = a_np.astype(dtype.np).astype(np.float64), b_np.astype(dtype.np).astype(np.float64)
+    tol = 2e-2 if dtype == dtypes.float16 else 1e-5
+    np.testing.assert_allclose(results[0][0].numpy().astype(np.float64), np.matmul(a64, b64), rtol=tol, atol=tol)
+    if needs[0] and a64.ndim == b64.ndim == 2:  # d(sum(a @ b))/da = ones @ b.T
+        ga = np.ones((a64.shape[0], b64.shape[1])) @ b64.T
+        np.testing.assert_allclose(results[0][1].numpy(), ga, rtol=tol, atol=tol)
+
+
+def test_dot_of_mixed_dtypes_or_an_accumulation_dtype_takes_the_general_path() -> None:
+    a, b = Tensor([[1, 2], [3, 4]], dtype=dtypes.int32), Tensor([[0.5, 1.0], [2.0, 1.5]])
+    out = a @ b
+    assert not isinstance(out._ctx, Chain) and out.dtype == dtypes.float32
+    np.testing.assert_array_equal(out.numpy(), np.array([[1, 2], [3, 4]]) @ np.array([[0.5, 1.0], [2.0, 1.5]]))
+    c = Tensor([[1.0, 2.0]], dtype=dtypes.float16).dot(Tensor([[3.0], [4.0]], dtype=dtypes.float16), dtypes.float32)
+    assert c.dtype == dtypes.float32 and c.numpy().tolist() == [[11.0]]
+
+
+def test_dot_keeps_shape_errors() -> None:
+    with pytest.raises(ValueError, match="do not align"):
+        Tensor.ones(2, 3) @ Tensor.ones(4, 2)
