@@ -2421,6 +2421,9 @@ _WIDER_FLOAT = {dtypes.float16: dtypes.float32, dtypes.bfloat16: dtypes.float32,
 
 
 _REDUCE_OPS = frozenset(ReduceOps)  # (a set lookup hashes in C; `in` an Enum class runs Python code)
+# bases the scheduler always computes in a kernel of their own (engine/schedule.py, _Graph._enter): a kernel that reads
+# one reads its buffer, never what it was computed from (an optimizer's parameter update reads its new moments so)
+_OWN_KERNEL = frozenset((LoadOps.ASSIGN, LoadOps.CONTIGUOUS, LoadOps.COPY, LoadOps.CUSTOM, LoadOps.EMPTY))
 
 
 CHECK_DATA = ContextVar("CHECK_DATA", 1)  # 0: no checks of index and label values on the device (bench/ measures them)
@@ -2509,7 +2512,8 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     What a reduce reads below another reduce is never in that kernel: the scheduler realizes a reduce that feeds a
     reduce on its own (engine/schedule.py, _Graph._try_fuse_reduce), and every kernel that reads the old target runs
     before the assign. So the walk stops there (a training step's update would otherwise walk the whole forward and
-    backward graph again for every parameter, and copy every weight: its forward matmul reads it transposed)."""
+    backward graph again for every parameter, and copy every weight: its forward matmul reads it transposed), and at
+    a base computed by a kernel of its own (_OWN_KERNEL: an Adam step's new moments, which the update reads)."""
     # whether each (base, below a reduce) reads the target, sources first: a loop, not recursion (graphs can be deeper
     # than Python's recursion limit), memoized by base (a graph that reuses nodes would make it exponential; the views
     # of one base share its answer). The first hazard found ends the walk: it runs for every assign of a training step
@@ -2521,7 +2525,7 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
         return True
     if root.realized is not None:
         return False
-    reduce_ops = _REDUCE_OPS
+    reduce_ops, own_kernel = _REDUCE_OPS, _OWN_KERNEL
     memo: dict[tuple[int, bool], bool] = {}
     stack: list[tuple[LazyBuffer, bool, bool]] = [(root, False, False)]  # (base, below a reduce, sources pushed)
     while stack:
@@ -2538,6 +2542,10 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
                 sb = s._base or s
                 if sb is tbase:  # the target's memory read through another view
                     return True
+                if sb.realized is None and sb.op in own_kernel:  # computed before, by a kernel of its own: a buffer
+                    if sb.buffer is tbase.buffer:  # (an assign into the target's memory)
+                        return True
+                    continue
                 if sb.realized is None and not (below and sb.op in reduce_ops) and (id(sb), below) not in memo:
                     stack.append((sb, below, False))
             continue
@@ -2547,7 +2555,9 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
                 reads = True
                 continue
             sb = s._base or s
-            if sb.realized is None and not (below and sb.op in reduce_ops) and memo[(id(sb), below)]:
+            if sb.realized is None and sb.op not in own_kernel and not (below and sb.op in reduce_ops) and memo[
+                (id(sb), below)
+            ]:
                 if s is not sb or sb.op in reduce_ops:  # read through a moved view, or by a reduction
                     return True
                 reads = True

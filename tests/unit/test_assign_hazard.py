@@ -12,15 +12,18 @@ from tgcore import Tensor
 from tgcore import tensor as tensor_module
 from tgcore.lazy import LazyBuffer
 from tgcore.nn import Linear, optim
-from tgcore.ops import ReduceOps
+from tgcore.ops import LoadOps, ReduceOps
 
 REDUCES = set(ReduceOps)
+OWN_KERNEL = {LoadOps.ASSIGN, LoadOps.CONTIGUOUS}
 
 
 def reference_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     """The definition, by recursion: a node reads the target if it is the target, a view of its memory, or computed
     from a node that reads it; a hazard is a read through a moved view or by a reduction. What lies below a reduce
-    that is itself below a reduce is not looked at (the scheduler computes it in a kernel of its own)."""
+    that is itself below a reduce is not looked at (the scheduler computes it in a kernel of its own), nor what a
+    contiguous copy or another assign is computed from (each is a kernel of its own, run before: its buffer is read;
+    an assign into the target's own memory counts as a read of it through a view)."""
     hazard = False
 
     def reads(n: LazyBuffer, under: bool) -> bool:
@@ -28,10 +31,10 @@ def reference_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
         if n is target:
             return True
         b = n.base
-        if b is target.base:
+        if b is target.base or (b.realized is None and b.op in OWN_KERNEL and b.buffer is target.base.buffer):
             hazard = True
             return True
-        if b.realized is not None or (under and b.op in REDUCES):
+        if b.realized is not None or (under and b.op in REDUCES) or b.op in OWN_KERNEL:
             return False
         below = under or b.op in REDUCES
         found = any([reads(s, below) for s in b.srcs])
@@ -58,6 +61,9 @@ CASES: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], bool]] = {
     # the inner sum is computed in a kernel of its own before the assign: only the direct read of t remains
     "sum below sum": (lambda t, u: (t.sum(1, keepdim=True) * u).sum(0, keepdim=True).expand(4, 4) + t, False),
     "shared node": (lambda t, u: (lambda a: a * a + a)(t + u), False),
+    # a contiguous copy is computed (reading t transposed) by a kernel of its own, before the assign's: no copy more
+    "copy of the transposed": (lambda t, u: t.T.contiguous() * u + 1, False),
+    "sum of a copy": (lambda t, u: (t.T.contiguous() + u).sum(0, keepdim=True).expand(4, 4), False),
 }
 
 
