@@ -454,3 +454,22 @@ def test_a_residual_stream_read_by_a_reduce_is_realized_so_every_layer_has_the_s
     value, _ = kernels(scaled.softmax(-1))
     e = np.exp(data(4, 32) * 0.5 - (data(4, 32) * 0.5).max(-1, keepdims=True))
     np.testing.assert_allclose(value, e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_a_realized_graph_frees_its_buffers_without_the_garbage_collector() -> None:
+    """Scheduling leaves no reference cycle: the buffers of a graph are freed as soon as its tensors are dropped, not
+    when the garbage collector next runs (a cycle through the schedule once held every buffer of every new graph)."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = GlobalCounters.mem_used
+        x = Tensor(np.arange(1237, dtype=np.float32))
+        a = (x + 1).contiguous()
+        b = (a * 2 + x).contiguous()
+        out = (b.sum() + a.max()).realize()
+        assert out.item() == float(np.sum((np.arange(1237) + 1) * 2 + np.arange(1237)) + 1237)
+        assert GlobalCounters.mem_used > before
+        del x, a, b, out
+        assert GlobalCounters.mem_used == before
+    finally:
+        gc.enable()

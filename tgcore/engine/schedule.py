@@ -664,22 +664,31 @@ def _create_schedule(
         if b.op is LoadOps.ASSIGN:
             target = b.srcs[1].base
             after[b] += [o for o, other in items.items() if o is not b and target in other.inputs]
+    # dependencies first, depth first: a loop (a recursive closure would hold itself, and with it every buffer of
+    # the schedule, in a reference cycle that only the garbage collector frees)
     order: list[ScheduleItem] = []
-    state: dict[LazyBuffer, int] = {}
-
-    def visit(b: LazyBuffer) -> None:
-        if state.get(b) == 2:
-            return
-        if state.get(b) == 1:
-            raise RuntimeError(f"cycle in the schedule at {b}: an assign target is read by its own dependency")
-        state[b] = 1
-        for dep in after[b]:
-            visit(dep)
-        state[b] = 2
-        order.append(items[b])
-
-    for b in (*graph.checks, *items):  # the checks first: nothing that reads invalid data runs before them
-        visit(b)
+    state: dict[LazyBuffer, int] = {}  # 1: being visited, 2: done
+    for root in (*graph.checks, *items):  # the checks first: nothing that reads invalid data runs before them
+        if state.get(root) == 2:
+            continue
+        state[root] = 1
+        stack = [(root, iter(after[root]))]
+        while stack:
+            b, deps = stack[-1]
+            for dep in deps:
+                if (seen := state.get(dep)) == 2:
+                    continue
+                if seen == 1:
+                    raise RuntimeError(
+                        f"cycle in the schedule at {dep}: an assign target is read by its own dependency"
+                    )
+                state[dep] = 1
+                stack.append((dep, iter(after[dep])))
+                break
+            else:
+                stack.pop()
+                state[b] = 2
+                order.append(items[b])
     var_vals: dict[Variable, int] = {}
     for si in order:
         var_vals.update(si.var_vals)
