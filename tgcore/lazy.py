@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from tgcore import lazymath, storage
-from tgcore.device import Buffer, Device
+from tgcore.device import MAX_BUFFER_BYTES, Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
 from tgcore.ops import BinaryOps, ComposedOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
 from tgcore.registry import plugins
@@ -61,19 +61,24 @@ class LazyBuffer:
                 readers.append(weakref.ref(self))
             self.realized: Optional[Buffer] = None
             self.forced_realize = False  # realize this base even if it could be fused into its readers
-            # an ASSIGN writes into the buffer of its target; a CONST gets its Buffer only if asked (__getattr__):
-            # most constants are folded into the kernels that read them and never need one
+            # an ASSIGN writes into the buffer of its target, another LoadOps (EMPTY, COPY, ...) has its own; an op
+            # that computes gets its Buffer when first asked (__getattr__): most are computed inside the kernels that
+            # read them and never need one, and a constant is folded into them. A size too large for any buffer fails
+            # here, where the tensor is made
             if op is LoadOps.ASSIGN:
                 self.buffer = srcs[1].base.buffer
-            elif op is not LoadOps.CONST:
+            elif isinstance(op, LoadOps) and op is not LoadOps.CONST:
                 size = self.size
                 self.buffer = Buffer(device, size if type(size) is int else _max_size(size), dtype)
+            elif op is not LoadOps.CONST and type(size := self.size) is int:
+                if size * dtype.itemsize > MAX_BUFFER_BYTES:
+                    Buffer(device, size, dtype)  # (raises, saying why)
         else:
             if base._base is not None:
                 raise ValueError("a view's base must be a base LazyBuffer")
 
-    def __getattr__(self, name: str) -> Any:  # only called for attributes not set: the Buffer of a CONST base
-        if name == "buffer" and self.__dict__.get("_base", 0) is None and self.__dict__.get("op") is LoadOps.CONST:
+    def __getattr__(self, name: str) -> Any:  # only called for attributes not set: a base's Buffer, on first use
+        if name == "buffer" and self.__dict__.get("_base", 0) is None and "op" in self.__dict__:
             self.buffer = Buffer(self.device, _max_size(self.size), self.dtype)
             return self.buffer
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
