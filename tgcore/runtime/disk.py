@@ -57,11 +57,16 @@ class _Mapping:
 class DiskBuffer:
     """A byte range of the file: `size` bytes from `offset`, in an allocation that ends at byte `end`."""
 
-    __slots__ = ("offset", "size", "end", "mapping")
+    __slots__ = ("offset", "size", "end", "mapping", "root")
 
-    def __init__(self, offset: int, size: int, end: int, mapping: Optional[_Mapping] = None) -> None:
+    def __init__(
+        self, offset: int, size: int, end: int, mapping: Optional[_Mapping] = None, root: Optional[DiskBuffer] = None
+    ) -> None:
         self.offset, self.size, self.end = offset, size, end
         self.mapping = mapping  # the map this range was last read or written through (kept alive by it)
+        # the allocation this range is a view of (itself for an allocation): a view's first map is the allocation's
+        # too, so it lives as long as the tensor over the whole allocation (a slice read does not map the file anew)
+        self.root: DiskBuffer = self if root is None else root
 
     def __repr__(self) -> str:
         return f"<DiskBuffer bytes {self.offset}..{self.offset + self.size}>"
@@ -85,7 +90,8 @@ class DiskAllocator(Allocator):
         return DiskBuffer(0, size, size)
 
     def offset(self, buf: DiskBuffer, size: int, offset: int) -> DiskBuffer:
-        return DiskBuffer(buf.offset + offset, size, buf.end, buf.mapping)  # a view reads the file its base reads
+        # a view reads the file its base reads
+        return DiskBuffer(buf.offset + offset, size, buf.end, buf.mapping, buf.root)
 
     def copyin(self, dest: DiskBuffer, src: memoryview) -> None:
         with memoryview(self._map(dest, write=True).mm) as mv:
@@ -122,12 +128,18 @@ class DiskAllocator(Allocator):
                     f"program?), but the tensor needs bytes {buf.offset}..{need}"
                 )
             if len(m.mm) >= need and (m.writable or not write):
-                buf.mapping = m
+                self._keep(buf, m)
                 return m
         m = self._open(need, write, buf)
         self._current = weakref.ref(m)
-        buf.mapping = m
+        self._keep(buf, m)
         return m
+
+    @staticmethod
+    def _keep(buf: DiskBuffer, m: _Mapping) -> None:
+        buf.mapping = m
+        if buf.root.mapping is None:  # (an allocation keeps reading the file it first read)
+            buf.root.mapping = m
 
     def _open(self, need: int, write: bool, buf: DiskBuffer) -> _Mapping:
         path, what = self.path, f"{self.device}"
