@@ -1736,9 +1736,15 @@ class Tensor:
         log_probs = self.log_softmax()
         mask = Y != ignore_index
         classes = self.shape[-1]
-        y = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)) * mask.unsqueeze(-1)
-        smoothing = label_smoothing * (log_probs.mean(-1) * mask).sum()
-        loss = -((1 - label_smoothing) * (log_probs * y).sum() + smoothing) / mask.sum()
+        # the labels' log-probabilities picked by a select, not a product: a -inf elsewhere (a logit of -inf) stays
+        # out of the sum, as in torch, instead of making it NaN
+        labels = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)) & mask.unsqueeze(-1)
+        picked = labels.where(log_probs, 0)
+        if label_smoothing == 0:  # (no smoothing term to build)
+            loss = -picked.sum() / mask.sum()
+        else:
+            smoothing = label_smoothing * (log_probs.mean(-1) * mask).sum()
+            loss = -((1 - label_smoothing) * picked.sum() + smoothing) / mask.sum()
         bad = mask & ((Y < 0) | (Y >= classes))
         return _with_check(loss, bad, f"a label is out of range for {classes} classes (ignore_index={ignore_index})")
 

@@ -1220,6 +1220,21 @@ def test_sparse_categorical_crossentropy() -> None:
     close(Tensor(l32).sparse_categorical_crossentropy(Tensor(y)), _np_sparse_ce(l32.astype(np.float64), y), rtol=1e-5)
 
 
+def test_sparse_categorical_crossentropy_of_a_minus_infinite_logit_off_the_label_is_finite() -> None:
+    """As torch: a logit of -inf (a masked class) that is not the label adds nothing to the loss, and its gradient is
+    0; a label whose logit is -inf gives an infinite loss."""
+    logits = np.array([[0.0, -np.inf, 1.0], [2.0, 1.0, 0.0]], np.float32)
+    x = Tensor(logits, requires_grad=True)
+    loss = x.sparse_categorical_crossentropy(Tensor([0, 1]))
+    finite = np.where(np.isinf(logits), -1e30, logits).astype(np.float64)
+    close(loss, _np_sparse_ce(finite, np.int32([0, 1])), rtol=1e-6)
+    loss.backward()
+    p = np.exp(finite - finite.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    close(x.grad, (p - np.eye(3)[[0, 1]]) / 2, rtol=1e-5, atol=1e-7)
+    assert Tensor(logits).sparse_categorical_crossentropy(Tensor([1, 0])).item() == np.inf
+
+
 def test_one_hot() -> None:
     y = np.int32([0, 2, 1, 3])
     exact(Tensor(y).one_hot(4), np.eye(4, dtype=np.int32)[y], dtypes.int32)
