@@ -276,3 +276,50 @@ def test_step_inside_tinyjit_matches_eager(make: Callable[[list[Tensor]], Optimi
         return w.numpy()
 
     np.testing.assert_array_equal(train(True), train(False))
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    return a.op is b.op and a.arg == b.arg and len(a.src) == len(b.src) and all(map(_same_tree, a.src, b.src))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda ps: Adam(ps, lr=0.01), lambda ps: AdamW(ps, lr=0.01, weight_decay=0.1)],
+    ids=["Adam", "AdamW"],
+)
+def test_adam_on_float32_builds_its_step_on_lazybuffers_with_the_tensor_steps_kernels(
+    make: Callable[[list[Tensor]], Optimizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adam's step on float32 parameters (LAMB._plain_step) builds on LazyBuffers the graph its Tensor ops build: the
+    same kernels step after step, and the same parameters."""
+    from tgcore.engine.schedule import create_schedule
+
+    problem = _problem(3, ((3, 4), (4,), ()))
+    runs = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(LAMB, "_plain", lambda self: False)
+        params = [Tensor(q["p"].copy(), requires_grad=True) for q in problem]
+        opt = make(params)
+        steps = []
+        for _ in range(STEPS):
+            opt.zero_grad()
+            terms = [(p * p * Tensor(q["c"]) + p * Tensor(q["d"])).sum() for p, q in zip(params, problem)]
+            sum(terms, Tensor(0.0)).backward()
+            assert opt._plain() is plain  # type: ignore[attr-defined]
+            outs = opt.schedule_step()
+            steps.append([si.ast for si in create_schedule([t.lazydata for t in outs])])
+            Tensor.realize(*outs)
+        runs.append((steps, [p.numpy() for p in params]))
+    (plain_steps, plain_params), (tensor_steps, tensor_params) = runs
+    for a, b in zip(plain_steps, tensor_steps):
+        assert len(a) == len(b) and all(map(_same_tree, a, b))
+    for a, b in zip(plain_params, tensor_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_adam_on_float16_parameters_takes_the_tensor_steps() -> None:
+    p = Tensor(np.ones(3, np.float16), requires_grad=True)
+    opt = Adam([p])
+    (p * p).sum().backward()
+    assert not opt._plain()  # type: ignore[attr-defined]

@@ -10,6 +10,8 @@ from typing import Sequence, Union
 
 from tgcore.dtype import dtypes, least_upper_dtype
 from tgcore.helpers import dedup, flatten, getenv
+from tgcore.lazy import LazyBuffer
+from tgcore.ops import BinaryOps, UnaryOps
 from tgcore.tensor import Tensor
 
 __all__ = ["Optimizer", "OptimizerGroup", "LARS", "SGD", "LAMB", "Adam", "AdamW"]
@@ -192,6 +194,8 @@ class LAMB(Optimizer):
         ]
 
     def _step(self) -> list[Tensor]:
+        if self._plain():
+            return self._plain_step()
         self.b1_t.assign(self.b1_t * self.b1)
         self.b2_t.assign(self.b2_t * self.b2)
         # the bias corrections' divisors, built once for every parameter (and as 0-d for a 0-d one)
@@ -214,6 +218,62 @@ class LAMB(Optimizer):
                 scale = scale * (weight_norm > 0).where((update_norm > 0).where(weight_norm / update_norm, 1.0), 1.0)
             p.assign((p.detach() - scale * update).cast(p.dtype))
         return [self.b1_t, self.b2_t] + self.m + self.v
+
+    def _plain(self) -> bool:
+        """Whether this step can take _plain_step: Adam or AdamW (no trust ratio), float32 parameters and gradients on
+        one device each."""
+        return self.adam and all(
+            type(p.lazydata) is LazyBuffer
+            and p.dtype is dtypes.float32
+            and p.grad is not None
+            and type(p.grad.lazydata) is LazyBuffer
+            and p.grad.dtype is dtypes.float32
+            for p in self.params
+        )
+
+    def _plain_step(self) -> list[Tensor]:
+        """_step's graph built on the LazyBuffers themselves: the same ops on the same operands in the same order (so
+        the same kernels: a test compares them), without a Tensor, a broadcast check and a Function per op, which
+        made the optimizer the larger part of a small model's eager training step."""
+
+        def const(x: LazyBuffer, v: float) -> LazyBuffer:  # a Python number in an op with x, as Tensor's ops make it
+            return x.const(dtypes.as_const(v, x.dtype))
+
+        def broadcast(x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:  # (1,)-shaped to shape, as Tensor's
+            if x.shape == shape:
+                return x
+            if len(x.shape) < len(shape):
+                x = x.reshape((1,) * (len(shape) - len(x.shape)) + x.shape)
+            return x.expand(shape) if x.shape != shape else x
+
+        mul, add, div = BinaryOps.MUL, BinaryOps.ADD, BinaryOps.DIV
+        for t, b in ((self.b1_t, self.b1), (self.b2_t, self.b2)):
+            t.assign(_tensor(t.lazydata.e(mul, const(t.lazydata, b))))
+        b1_t, b2_t = self.b1_t.lazydata, self.b2_t.lazydata
+        c1, c2 = const(b1_t, 1.0).e(BinaryOps.SUB, b1_t), const(b2_t, 1.0).e(BinaryOps.SUB, b2_t)
+        lr = self.lr.lazydata
+        for i, p in enumerate(self.params):
+            g, m, v = p.grad.lazydata, self.m[i].lazydata, self.v[i].lazydata  # type: ignore[union-attr]
+            self.m[i].assign(_tensor(const(m, self.b1).e(mul, m).e(add, const(g, 1.0 - self.b1).e(mul, g))))
+            gg = g.e(mul, g)
+            self.v[i].assign(_tensor(const(v, self.b2).e(mul, v).e(add, const(gg, 1.0 - self.b2).e(mul, gg))))
+            m, v, shape = self.m[i].lazydata, self.v[i].lazydata, p.shape
+            zero_d = p.ndim == 0
+            m_hat = m.e(div, c1.reshape(()) if zero_d else broadcast(c1, shape))
+            v_hat = v.e(div, c2.reshape(()) if zero_d else broadcast(c2, shape))
+            root = v_hat.e(UnaryOps.SQRT)
+            update = m_hat.e(div, root.e(add, const(root, self.eps)))
+            w = p.lazydata
+            if self.wd != 0:
+                update = update.e(add, const(w, self.wd).e(mul, w))
+            step = broadcast(lr.reshape(()) if zero_d and len(lr.shape) == 1 else lr, shape).e(mul, update)
+            p.assign(_tensor(w.e(BinaryOps.SUB, step)))
+        return [self.b1_t, self.b2_t] + self.m + self.v
+
+
+def _tensor(x: LazyBuffer) -> Tensor:
+    """A Tensor of a LazyBuffer that needs no gradient (an optimizer's new values)."""
+    return Tensor(x, device=x.device, requires_grad=False)
 
 
 class AdamW(LAMB):
