@@ -2532,6 +2532,8 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
     if root.realized is not None:
         return False
     reduce_ops, own_kernel = _REDUCE_OPS, _OWN_KERNEL
+    if src is root and root.op not in reduce_ops and _read_plainly_at_the_top(root, target, tbase):
+        return False
     memo: dict[tuple[int, bool], bool] = {}
     stack: list[tuple[LazyBuffer, bool, bool]] = [(root, False, False)]  # (base, below a reduce, sources pushed)
     while stack:
@@ -2569,6 +2571,29 @@ def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:
                 reads = True
         memo[key] = reads
     return memo[(id(root), False)] and (src is not root or root.op in reduce_ops)
+
+
+def _read_plainly_at_the_top(root: LazyBuffer, target: LazyBuffer, tbase: LazyBuffer) -> bool:
+    """Whether every node not computed yet that reads the target's memory is the root itself or one of its sources
+    that the root alone reads, each reading the target itself (not a view of it), each read unmoved and none a reduce:
+    then nothing below the root can read the target, and no walk is needed (an optimizer's new moments: m * b1 + ...
+    reads m at the top, and the gradient below it never reads m)."""
+    for ref in tbase.__dict__.get("readers", ()):
+        r = ref()
+        if r is None or r.realized is not None:
+            continue
+        if any((s._base or s) is tbase and s is not target for s in r.srcs):
+            return False  # (a view of the target's memory)
+        if r is root:
+            continue
+        if r.op in _REDUCE_OPS or not any(s is r for s in root.srcs):
+            return False
+        if any((s._base or s) is r and s is not r for s in root.srcs):
+            return False  # (read through a moved view)
+        for rr in r.__dict__.get("readers", ()):
+            if (other := rr()) is not None and other is not root and other.realized is None:
+                return False  # (read by another node too: maybe by a reduce below the root)
+    return True
 
 
 def _shape(shape: tuple[Any, ...]) -> tuple[sint, ...]:

@@ -64,6 +64,10 @@ CASES: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], bool]] = {
     # a contiguous copy is computed (reading t transposed) by a kernel of its own, before the assign's: no copy more
     "copy of the transposed": (lambda t, u: t.T.contiguous() * u + 1, False),
     "sum of a copy": (lambda t, u: (t.T.contiguous() + u).sum(0, keepdim=True).expand(4, 4), False),
+    # a node that reads t at the top is also read by a reduce, or through a moved view: hazards all the same
+    "plain and summed": (lambda t, u: (lambda r: r + r.sum(0, keepdim=True).expand(4, 4))(t * 2), True),
+    "plain and transposed": (lambda t, u: (lambda r: r + r.T)(t * 2), True),
+    "plain at the top": (lambda t, u: t * 0.9 + (u @ u) * 0.1, False),
 }
 
 
