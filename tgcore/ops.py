@@ -179,15 +179,16 @@ class LazyOp:
     def lazyops(self) -> list[LazyOp]:
         """Every node of this AST, each once, parents before children."""
         seen: dict[LazyOp, None] = {}
-
-        def visit(n: LazyOp) -> None:
-            if n not in seen:
-                seen[n] = None
-                for s in n.src:
-                    visit(s)
-
-        visit(self)
+        _preorder(self, seen)
         return list(seen)
+
+
+def _preorder(n: LazyOp, seen: dict[LazyOp, None]) -> None:
+    """(A function of its own, not a closure: a recursive closure is a reference cycle for the garbage collector.)"""
+    if n not in seen:
+        seen[n] = None
+        for s in n.src:
+            _preorder(s, seen)
 
 
 def _same_ast(a: LazyOp, b: LazyOp, same: set[tuple[int, int]]) -> bool:

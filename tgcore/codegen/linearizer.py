@@ -1207,26 +1207,30 @@ def _at_first_use(uops: list[UOp]) -> list[UOp]:
     64 channels at 56x56 53 -> 70)."""
     out: list[UOp] = []
     pending: dict[int, UOp] = {}  # id -> a LOAD or VECTORIZE not placed yet, in program order
-
-    def place(u: UOp) -> None:
-        for s in u.src:
-            if (p := pending.pop(id(s), None)) is not None:
-                place(p)
-        out.append(u)
-
-    def flush() -> None:  # every pending uop, in program order (placing one may place others it reads first)
-        while pending:
-            place(pending.pop(next(iter(pending))))
-
     for u in uops:
         if u.op in _SUNK:
             pending[id(u)] = u
             continue
         if u.op in _LOAD_FENCES:
-            flush()
-        place(u)
-    flush()
+            _flush(pending, out)
+        _place(u, pending, out)
+    _flush(pending, out)
     return out
+
+
+def _place(u: UOp, pending: dict[int, UOp], out: list[UOp]) -> None:
+    """_at_first_use: `u` after the pending uops it reads (functions of their own, not closures: a recursive closure
+    is a reference cycle, here holding every uop, for the garbage collector)."""
+    for s in u.src:
+        if (p := pending.pop(id(s), None)) is not None:
+            _place(p, pending, out)
+    out.append(u)
+
+
+def _flush(pending: dict[int, UOp], out: list[UOp]) -> None:
+    """Every pending uop, in program order (placing one may place others it reads first)."""
+    while pending:
+        _place(pending.pop(next(iter(pending))), pending, out)
 
 
 # uops whose value depends on nothing but their sources (a LOAD too, from memory the kernel does not write)

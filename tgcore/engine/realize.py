@@ -133,19 +133,20 @@ def _settings_repr(obj: Any) -> str:
 
 def _ast_text(ast: LazyOp) -> str:
     """The AST as text, each node once (by identity: a shared subtree is written once, not once per use)."""
-    index: dict[int, int] = {}
     lines: list[str] = []
-
-    def visit(n: LazyOp) -> int:
-        if (i := index.get(id(n))) is not None:
-            return i
-        srcs = [visit(x) for x in n.src]
-        lines.append(f"{n.op}|{srcs}|{n.arg!r}")
-        index[id(n)] = len(lines) - 1
-        return index[id(n)]
-
-    visit(ast)
+    _ast_lines(ast, {}, lines)
     return "\n".join(lines)
+
+
+def _ast_lines(n: LazyOp, index: dict[int, int], lines: list[str]) -> int:
+    """_ast_text's walk: n's line number, its sources written first (a function of its own, not a recursive closure:
+    that would be a reference cycle for the garbage collector)."""
+    if (i := index.get(id(n))) is not None:
+        return i
+    srcs = [_ast_lines(x, index, lines) for x in n.src]
+    lines.append(f"{n.op}|{srcs}|{n.arg!r}")
+    index[id(n)] = len(lines) - 1
+    return index[id(n)]
 
 
 def _program_key(device: str, ast: LazyOp) -> Optional[str]:
