@@ -624,9 +624,13 @@ def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyB
     if not targets:
         return [], []
     tainted: set[LazyBuffer] = set()
-    for n in order:
-        if n.op is not LoadOps.ASSIGN and any(s.base in targets or s.base in tainted for s in n.srcs):
-            tainted.add(n)
+    assign = LoadOps.ASSIGN
+    for n in order:  # (this runs for every realize of a graph with an assign: `s._base or s` is s.base without a call)
+        if n.op is not assign:
+            for s in n.srcs:
+                if (sb := s._base or s) in targets or sb in tainted:
+                    tainted.add(n)
+                    break
     force = [n for n in order if n in tainted and any(_outside(r, inside) for r in n.__dict__.get("readers", ()))]
     found: dict[LazyBuffer, None] = {}
     for target in targets:
