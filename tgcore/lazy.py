@@ -12,10 +12,21 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from tgcore import lazymath, storage
+from tgcore import storage
 from tgcore.device import MAX_BUFFER_BYTES, Buffer, Device
 from tgcore.dtype import ConstType, DType, dtypes, truncate
-from tgcore.ops import BinaryOps, ComposedOps, IndexOps, LoadOps, Op, ReduceOps, TernaryOps, UnaryOps, exec_alu
+from tgcore.ops import (
+    COMPOSITIONS,
+    BinaryOps,
+    ComposedOps,
+    IndexOps,
+    LoadOps,
+    Op,
+    ReduceOps,
+    TernaryOps,
+    UnaryOps,
+    exec_alu,
+)
 from tgcore.registry import plugins
 from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, sint
@@ -237,7 +248,7 @@ class LazyBuffer:
         if self.dtype not in dtypes._float_set:
             raise TypeError(f"{op.name.lower()} needs a float operand, got {self.dtype}")
         if self.size == 0 or (self.is_unrealized_unmasked_const() and not isinstance(self.base.arg, Node)):
-            return lazymath.COMPOSITIONS[op](self)  # (each op of it folds; nothing computes an empty one)
+            return COMPOSITIONS[op](self)  # (each op of it folds; nothing computes an empty one)
         st = self.st if self._base is None else ShapeTracker.from_shape(self.shape)
         return LazyBuffer(self.device, st, self.dtype, op, None, (self,))
 

@@ -25,7 +25,7 @@ import math
 from typing import TYPE_CHECKING, Callable
 
 from tgcore.dtype import DType, dtypes
-from tgcore.ops import BinaryOps, ComposedOps, TernaryOps, UnaryOps
+from tgcore.ops import COMPOSITIONS, BinaryOps, ComposedOps, TernaryOps, UnaryOps
 
 if TYPE_CHECKING:  # (lazy.py imports this module: its nodes stand for these compositions)
     from tgcore.lazy import LazyBuffer
@@ -241,8 +241,8 @@ def sigmoid(x: LazyBuffer) -> LazyBuffer:
     return _mul(_where(neg, e, _c(x, 1.0)), r)  # (from 0 up: exactly r)
 
 
-# the function each ComposedOps node stands for
-COMPOSITIONS: dict[ComposedOps, Callable[[LazyBuffer], LazyBuffer]] = {
+# the function each ComposedOps node stands for (ops.py keeps the table)
+COMPOSITIONS.update({
     ComposedOps.EXP: exp,
     ComposedOps.EXPM1: expm1,
     ComposedOps.LOG1P: log1p,
@@ -252,7 +252,7 @@ COMPOSITIONS: dict[ComposedOps, Callable[[LazyBuffer], LazyBuffer]] = {
     ComposedOps.COSH: cosh,
     ComposedOps.SOFTPLUS: softplus,
     ComposedOps.SIGMOID: sigmoid,
-}
+})
 
 
 def compose(b: LazyBuffer) -> LazyBuffer:

@@ -114,6 +114,10 @@ class ComposedOps(_OpEnum):
 
 Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, LoadOps, IndexOps, ComposedOps]
 
+# the function of LazyBuffers each ComposedOps stands for, registered by tgcore/lazymath.py where they are written
+# (here, so that lazy.py reads them without importing lazymath, which is written on lazy.py's LazyBuffer)
+COMPOSITIONS: dict[ComposedOps, Callable[[Any], Any]] = {}
+
 
 @dataclass(frozen=True)
 class MemBuffer:
