@@ -884,30 +884,32 @@ class Tensor:
 
     def _advanced_index(self, advanced: list[tuple[int, Tensor]], front: bool = False) -> Tensor:
         """Select with integer index tensors on axes `advanced`, one axis at a time: a load at the index (Gather)
-        where the tensors allow it, else a one-hot mask reduced away."""
+        where the tensors allow it, else a one-hot mask reduced away. The lookups run in the result's own axis order,
+        so the kernel writes the result as it is laid out (`table[ids]`: each id's row copied whole, in vectors) and
+        no permute of it follows."""
         dims, index = [d for d, _ in advanced], [t for _, t in advanced]
         b_shape = _broadcast_shape(*[t.shape for t in index])
         rest = [d for d in range(self.ndim) if d not in dims]
-        x = self.permute(rest + dims)
-        x = x.reshape(x.shape[: len(rest)] + (1,) * len(b_shape) + x.shape[len(rest) :])
-        for j, (d, t) in enumerate(zip(dims, index)):
-            size, axis = self.shape[d], len(rest) + len(b_shape)
-            # x: rest, the index axes (size 1 before the first lookup), the indexed axes left; the index, of the
-            # index axes, broadcast over the others (size 1 on the one it picks along)
-            shape = tuple(x.shape[: len(rest)]) + b_shape + (1,) + tuple(x.shape[axis + 1 :])
+        # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (numpy's rule)
+        first = dims[0] if not front and dims == list(range(dims[0], dims[0] + len(dims))) else 0
+        # x: the rest axes before that place, the index axes (size 1 until the first lookup), the indexed axes left,
+        # the other rest axes; each lookup picks along the first indexed axis left and drops it
+        x = self.permute(rest[:first] + dims + rest[first:])
+        x = x.reshape(x.shape[:first] + (1,) * len(b_shape) + x.shape[first:])
+        axis = first + len(b_shape)
+        for d, t in zip(dims, index):
+            size, tail = self.shape[d], tuple(x.shape[axis + 1 :])
+            # the index, of the index axes, broadcast over the others (size 1 on the one it picks along)
+            shape = tuple(x.shape[:first]) + b_shape + (1,) + tail
             if _gathers(x, t, shape):
-                idx = t._broadcast_to(b_shape).reshape((1,) * len(rest) + b_shape + (1,) * (x.ndim - axis))
+                idx = t._broadcast_to(b_shape).reshape((1,) * first + b_shape + (1,) * (1 + len(tail)))
                 x = F.Gather.apply(x, idx._broadcast_to(shape), axis=axis)
                 x = F.Reshape.apply(x, shape=shape[:axis] + shape[axis + 1 :])
                 continue
             hit = t._broadcast_to(b_shape).unsqueeze(-1) == Tensor.arange(size, device=self.device)
-            hit = hit.reshape(b_shape + (size,) + (1,) * (len(dims) - 1 - j))
+            hit = hit.reshape(b_shape + (size,) + (1,) * len(tail))
             x = hit.where(x, 0).sum(axis).cast(self.dtype)
-        # the broadcast index axes stand where the indexed axes were if those were adjacent, else first (numpy's rule)
-        first = dims[0] if not front and dims == list(range(dims[0], dims[0] + len(dims))) else 0
-        nb = len(b_shape)
-        order = list(range(first)) + [len(rest) + k for k in range(nb)] + list(range(first, len(rest)))
-        return x.permute(order)
+        return x
 
     def __getitem__(self, indices: Any) -> Tensor:
         """numpy indexing: ints, slices (any step), None, Ellipsis, and lists or integer Tensors (advanced)."""

@@ -10,11 +10,15 @@ import pytest
 from tgcore import Context, Device, GlobalCounters, Tensor, dtypes
 from tgcore.codegen.kernel import Kernel
 from tgcore.codegen.linearizer import Linearizer
+from tgcore.codegen.program import to_program
 from tgcore.codegen.uops import UOps
+from tgcore.device import Buffer
+from tgcore.engine.runner import CompiledRunner
 from tgcore.engine.schedule import create_schedule
 from tgcore.errors import IndexOutOfRangeError
 from tgcore.nn import Embedding
-from tgcore.ops import BufferOps, GatherBuffer, IndexOps, ReduceOps
+from tgcore.ops import BufferOps, GatherBuffer, IndexOps, ReduceOps, TernaryOps
+from tgcore.runtime.python import PythonRenderer
 
 DEVICES = ["PYTHON"] + [d for d in ("CLANG", "LLVM") if Device.status(d) is None]
 INDEX_DTYPES = [np.int32, np.int64, np.int8, np.uint8, np.int16]
@@ -136,6 +140,50 @@ def test_getitem_with_tensor_indices_matches_numpy(device: str) -> None:
     ]:
         ours = tuple(Tensor(x, device=device) if isinstance(x, np.ndarray) else x for x in index)
         np.testing.assert_array_equal(t[ours].numpy(), a[index], err_msg=str(index))
+
+
+@pytest.mark.parametrize(
+    "index",
+    [(np.array([2, 0, 2]),), (slice(None), np.array([[4, 1]])), (1, slice(None), np.array([3, 0])),
+     (np.array([1, 0]), slice(None), np.array([5, 5])), (slice(None), np.array([4, 0]), np.array([[5], [1]]))],
+)
+def test_getitem_result_is_the_lookup_s_own_layout(index: tuple) -> None:
+    # the lookups run in the result's axis order: the gather's kernel writes the result as it is laid out (whole
+    # rows of the table in vectors, for table[ids]), not a buffer that a permuted view then reads
+    a = np.arange(3 * 5 * 6, dtype=np.float32).reshape(6, 5, 3).transpose(2, 1, 0).copy()  # (3, 5, 6)
+    ours = tuple(Tensor(x.astype(np.int32)) if isinstance(x, np.ndarray) else x for x in index)
+    with Context(CHECK_DATA=0):
+        out = Tensor(a)[ours]
+    lb = out.lazydata
+    assert lb.base.op is IndexOps.GATHER and lb.st.contiguous and lb.size == lb.base.size, lb
+    np.testing.assert_array_equal(out.numpy(), a[index])
+
+
+@pytest.mark.parametrize("lookup", ["embedding", "getitem"])
+def test_a_lookup_of_whole_rows_loads_each_vector_once(lookup: str) -> None:
+    # a group of lanes that shares one index and reads consecutive elements is one vector load, gated by whether the
+    # index was in range (zeros where not: CHECK_DATA=0), not a select per lane; the index's own ops (getitem wraps a
+    # negative index: an int compare and select) run once per row and do not keep the row's copy scalar. Run by the
+    # PYTHON interpreter with a CPU's 8-lane float32 vectors
+    renderer = PythonRenderer()
+    renderer.global_max, renderer.vector_widths = None, {**renderer.vector_widths, dtypes.float32: 8}
+    emb, w = _embedding(40, 32)
+    ids = np.array([[3, 39], [41, -2]], np.int32)
+    idx = Tensor(ids).realize()
+    with Context(CHECK_DATA=0):
+        (kernel,) = _kernels(emb(idx) if lookup == "embedding" else emb.weight[idx])
+    k = Kernel(kernel.ast, renderer)
+    k.hand_coded_optimizations()
+    program = to_program(k)
+    gathered = [u for u in program.uops if u.op is UOps.LOAD and u.dtype is not None and u.dtype.count > 1]
+    assert gathered and all(len(u.src) == 4 for u in gathered), [(u.dtype, len(u.src)) for u in gathered]
+    # (the index's clamp selects ints; no float lane is selected)
+    assert not any(u.op is UOps.ALU and u.arg is TernaryOps.WHERE and u.dtype == dtypes.float32 for u in program.uops)
+    out = Buffer("PYTHON", 2 * 2 * 32, dtypes.float32).allocate()
+    CompiledRunner("PYTHON", program)([out] + [x.base.buffer for x in kernel.inputs], {})
+    # (an embedding's -2 is out of range; getitem wraps it to row 38)
+    want = np.stack([w[[3, 39]], np.zeros((2, 32), np.float32) if lookup == "embedding" else [np.zeros(32), w[38]]])
+    np.testing.assert_array_equal(out.numpy().reshape(2, 2, 32), want)
 
 
 @pytest.mark.parametrize("index_dtype", [np.int64, np.int16])

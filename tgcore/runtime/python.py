@@ -180,8 +180,14 @@ class PythonProgram(Program):
                 buf, idx = s[0], np.broadcast_to(s[1], (lanes,))
                 if isinstance(buf, _Shared):  # each workgroup's own part of the shared memory
                     buf, idx = buf.data, buf.base + idx
-                if dt.count > 1:  # consecutive elements from idx
-                    values[pc] = buf[idx[:, None] + np.arange(dt.count)]
+                if dt.count > 1:  # consecutive elements from idx (gated: the alternative's where the gate is false)
+                    at = idx[:, None] + np.arange(dt.count)
+                    if len(s) != 4:
+                        values[pc] = buf[at]
+                    else:  # (a lane whose gate is false reads nothing: its index may be anywhere)
+                        gate = np.broadcast_to(s[2], (lanes,))[:, None]
+                        got = buf[np.where(gate, at, 0)] if len(buf) else np.zeros(at.shape, _np_type(dt.scalar()))
+                        values[pc] = np.where(gate, got, np.broadcast_to(s[3], at.shape)).astype(got.dtype)
                 elif len(s) == 4:
                     gate = np.broadcast_to(s[2], (lanes,))
                     safe = np.where(gate, idx, 0)
