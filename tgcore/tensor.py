@@ -433,8 +433,9 @@ class Tensor:
         Tensor._seed, Tensor._rng_counters = int(seed), {}
 
     @staticmethod
-    def _random_bits(n: int, device: str) -> Tensor:
-        """`n` fresh uniformly distributed uint32 words on `device`."""
+    def _random_bits(n: int, device: str, key: Optional[int] = None) -> Tensor:
+        """`n` fresh uniformly distributed uint32 words on `device`, under the generator's 64-bit `key` (default: the
+        seed of manual_seed; an ONNX node's own seed picks another stream: tgcore/onnx/ops_random.py)."""
         if Device.storage_only(device):  # (its counter would be written into the file, then no kernel could run)
             raise ValueError(
                 f"{device} holds data and runs no kernels, so it cannot draw random numbers: draw them on a compute "
@@ -450,7 +451,7 @@ class Tensor:
             call = counter - 1  # this draw's number, in a buffer the next draw does not touch
             call.realize(counter)  # one schedule: its two kernels compile at once (engine/realize.py)
         pairs = (n + 1) // 2
-        x0, x1 = _threefry2x32(_uint32_range(pairs, device), call.expand(pairs), Tensor._seed)
+        x0, x1 = _threefry2x32(_uint32_range(pairs, device), call.expand(pairs), Tensor._seed if key is None else key)
         return x0.cat(x1).shrink(((0, n),))
 
     @staticmethod
@@ -475,22 +476,37 @@ class Tensor:
         n = prod(s)
         if n == 0:
             return Tensor.zeros(s, dtype=dt, device=dev, requires_grad=requires_grad)
+        return Tensor._random_leaf(Tensor._uniform_draw(s, dev, dt), dev, requires_grad)
+
+    @staticmethod
+    def _uniform_draw(shape: tuple[int, ...], device: str, dt: DType, key: Optional[int] = None) -> Tensor:
+        """rand's values (`dt` a float dtype, `shape` not empty) under the generator's `key` (see _random_bits)."""
         bits = _RAND_BITS[dt]
-        words = Tensor._random_bits(n, dev)
-        out = (words if bits == 32 else words >> (32 - bits)).cast(dt) * (2.0**-bits)
-        return Tensor._random_leaf(out.reshape(s), dev, requires_grad)
+        words = Tensor._random_bits(prod(shape), device, key)
+        return ((words if bits == 32 else words >> (32 - bits)).cast(dt) * (2.0**-bits)).reshape(shape)
+
+    @staticmethod
+    def _normal_draw(shape: tuple[int, ...], device: str, dt: DType, key: Optional[int] = None) -> Tensor:
+        """randn's values in `dt` (Box-Muller on two uniform draws) under the generator's `key` (see _random_bits)."""
+        if prod(shape) == 0:
+            return Tensor.zeros(shape, dtype=dt, device=device)
+        u = Tensor._uniform_draw((2, *shape), device, dtypes.float64 if dt == dtypes.float64 else dtypes.float32, key)
+        # cos and log from + - * / and bit operations only (every device rounds those the same), so a seed draws
+        # the same bits on every device: the device's own SIN and LOG2 may differ in the last bit
+        return (_cos_2pi(u[0]) * (_log_positive(1 - u[1]) * -2).sqrt()).cast(dt)
 
     @staticmethod
     def randn(*shape: Any, dtype: Optional[Union[DType, str]] = None, **kwargs: Any) -> Tensor:
         """Standard normal (Box-Muller on two uniform draws)."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         requires_grad = kwargs.pop("requires_grad", None)
+        dev = Device.canonicalize(kwargs.pop("device", None))
+        if kwargs:
+            raise TypeError(f"randn got unexpected arguments {sorted(kwargs)}")
         s = _shape(shape)
-        u = Tensor.rand(2, *s, dtype=dtypes.float64 if dt == dtypes.float64 else dtypes.float32, **kwargs)
-        # cos and log from + - * / and bit operations only (every device rounds those the same), so a seed draws
-        # the same bits on every device: the device's own SIN and LOG2 may differ in the last bit
-        z = _cos_2pi(u[0]) * (_log_positive(1 - u[1]) * -2).sqrt()
-        return Tensor._random_leaf(z.cast(dt), u.device, requires_grad)
+        if not all_int(s):
+            raise ValueError(f"randn needs a concrete shape, got {s}")
+        return Tensor._random_leaf(Tensor._normal_draw(s, dev, dt), dev, requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:

@@ -14,6 +14,7 @@ import numpy as np
 from tgcore.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from tgcore.onnx import dynamic
 from tgcore.onnx.errors import NotSymbolic, OnnxError
+from tgcore.onnx.ops_random import seed_key
 from tgcore.onnx.registry import Node, Result, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
 from tgcore.shape.symbolic import Node as SymNode
 from tgcore.tensor import Tensor
@@ -502,6 +503,12 @@ def _gap(n: Node) -> Tensor:
 def _gmp(n: Node) -> Tensor:
     x = n[0]
     return x.max(tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("GlobalLpPool", 1, 2, 22)
+def _glppool(n: Node) -> Tensor:
+    x, p = n[0], n.get("p", 2)
+    return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1 / p)
 
 
 # ***** normalization *****
@@ -1001,13 +1008,18 @@ def _pad_axis(x: Tensor, a: int, b: int, e: int, mode: str) -> Tensor:
     return x[(slice(None),) * a + (Tensor(src.astype(np.int32), device=x.device),)]
 
 
-@op("Dropout", 1, 7, 10, 12, 13)
+@op("Dropout", 1, 7, 10, 12, 13, 22)
 def _dropout(n: Node) -> tuple:
     x = n[0]
     if n.opset >= 12 and n[2] is not None and bool(n.host(2).item()):
         ratio = float(n.host(1).reshape(-1)[0]) if n[1] is not None else 0.5
-        if ratio != 0:  # (ratio 0 drops nothing: the same as inference)
-            raise n.unsupported("training_mode=True with a ratio above 0 (random masks) is not implemented yet")
+        if not 0 <= ratio < 1:
+            raise n.unsupported(f"ratio {ratio}: expected a value in [0, 1)")
+        if ratio != 0 and 0 not in x.shape:  # training: each element kept with probability 1 - ratio, scaled up
+            wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+            keep = Tensor._uniform_draw(tuple(x.shape), n.device, wide, seed_key(n)) >= ratio
+            out = keep.where(x.cast(wide) * (1 / (1 - ratio)), 0).cast(x.dtype)
+            return out, keep if n.num_outputs > 1 else None
     mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device) if n.num_outputs > 1 else None
     return x, mask
 

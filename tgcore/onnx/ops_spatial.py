@@ -1,4 +1,4 @@
-"""ONNX operators that sample, fold or factor: GridSample, DeformConv, RoiAlign, Col2Im and Det.
+"""ONNX operators that sample, fold or factor: GridSample, DeformConv, RoiAlign, MaxRoiPool, Col2Im and Det.
 
 Sampling at data-dependent positions is done on the device: each position's integer taps and their weights are
 computed as tensors, the taps are clamped into range (their weights zeroed where the padding says so) and read with
@@ -268,6 +268,52 @@ def _roi_align(n: Node) -> Tensor:
     y = y.permute(1, 0, 2, 3).cast(x.dtype)
     bad = (batch_index < 0) | (batch_index >= x.shape[0])
     return _with_check(y, bad, f"RoiAlign: a batch_indices value is outside [0, {x.shape[0]}), the batch of X")
+
+
+# ***** MaxRoiPool *****
+
+
+@op("MaxRoiPool", 1, 22)
+def _max_roi_pool(n: Node) -> Tensor:
+    """Fast R-CNN's ROI pooling: each roi (batch index, x1, y1, x2, y2), scaled and rounded to pixels, is split into
+    pooled_shape bins of whole pixels (floor of each bin's start, ceil of its end), and each bin gives the largest
+    value inside it, 0 for a bin with no pixel. The bins are masks over the map, computed on the device."""
+    x, rois = n[0], n[1]
+    pooled = list(n.get("pooled_shape", ()))
+    scale = float(n.get("spatial_scale", 1.0))
+    if x.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5 or len(pooled) != 2 or min(pooled) < 1:
+        raise n.unsupported(
+            f"X {x.shape}, rois {rois.shape}, pooled_shape {pooled}: expected X (N, C, H, W), rois (num_rois, 5) and "
+            "a pooled_shape of two sizes of at least 1"
+        )
+    if not dtypes.is_float(x.dtype):
+        raise n.unsupported(f"X of {x.dtype}: expected a float type")
+    (ph, pw), (_, channels, height, width), count = pooled, x.shape, rois.shape[0]
+    ct = _compute_dtype(x, rois)
+    box = rois.cast(ct)
+    corners = box[:, 1:] * scale
+    corners = corners.sign() * (corners.abs() + 0.5).floor()  # rounded half away from zero (C's round)
+    x1, y1, x2, y2 = (corners[:, i].reshape(count, 1) for i in range(4))
+
+    def bins(start: Tensor, end: Tensor, parts: int, size: int) -> tuple[Tensor, Tensor]:
+        """Each roi's bins along one axis: their first pixel and one past their last, clipped to [0, size)."""
+        step = (end - start + 1).maximum(1.0) / parts
+        idx = Tensor.arange(parts, device=n.device).cast(ct).reshape(1, parts)
+        lo = ((idx * step).floor() + start).maximum(0).minimum(size)
+        hi = (((idx + 1) * step).ceil() + start).maximum(0).minimum(size)
+        return lo, hi
+
+    (hs, he), (ws, we) = bins(y1, y2, ph, height), bins(x1, x2, pw, width)
+    rows = Tensor.arange(height, device=n.device).cast(ct).reshape(1, 1, height)
+    cols = Tensor.arange(width, device=n.device).cast(ct).reshape(1, 1, width)
+    in_h = (rows >= hs.unsqueeze(-1)) & (rows < he.unsqueeze(-1))  # (R, PH, H)
+    in_w = (cols >= ws.unsqueeze(-1)) & (cols < we.unsqueeze(-1))  # (R, PW, W)
+    inside = in_h.reshape(count, 1, ph, 1, height, 1) & in_w.reshape(count, 1, 1, pw, 1, width)
+    batch = box[:, 0].cast(dtypes.int64)
+    maps = x[batch].reshape(count, channels, 1, 1, height, width)  # (the index is checked against X's batch)
+    best = inside.where(maps, -math.inf).max((-2, -1))
+    empty = ((he <= hs).reshape(count, 1, ph, 1) | (we <= ws).reshape(count, 1, 1, pw)).expand(best.shape)
+    return empty.where(0.0, best).cast(x.dtype)
 
 
 # ***** Col2Im *****
