@@ -530,6 +530,12 @@ def test_every_movement_op_is_remembered_per_tracker_for_plain_arguments() -> No
         first = getattr(st, op)(arg)
         assert getattr(st, op)(list(arg)) is first, op
         assert first == getattr(fresh, op)(arg), op
+    # a conv's sliding windows too (then the moves of their tracker, remembered in turn), masked or not
+    for base in (st, st.pad(((1, 1), (1, 1)))):
+        windows = base.window(1, 3, 2, 1)
+        assert base.window(1, 3, 2, 1) is windows and windows == ShapeTracker(base.views).window(1, 3, 2, 1)
+        other = base.window(1, 3, 1, 1)
+        assert other != windows and other.shape == (base.shape[0], base.shape[1] - 2, 3)
     # a chain of moves, as a program makes at every step, gives the trackers of the last time
     assert st.pad(((1, 1), (1, 1))).reshape((8, 6)).shrink(((1, 7), (0, 6))) is st.pad(((1, 1), (1, 1))).reshape(
         (8, 6)

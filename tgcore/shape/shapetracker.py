@@ -368,7 +368,13 @@ class ShapeTracker:
         """Sliding windows along `axis` (size n): it becomes the o = (n - dilation * (k - 1) - 1) // stride + 1
         window positions, and a new last axis the k taps of each; element (.., i, .., j) is element
         stride * i + dilation * j of the axis. One view, whose index is affine in i and j, when the last view reads
-        the axis unmasked; else a view on top of it (a padded axis: its mask is not a box in (i, j))."""
+        the axis unmasked; else a view on top of it (a padded axis: its mask is not a box in (i, j)). Remembered as
+        the other movement ops are (a conv's windows, then the moves of their tracker, at every call)."""
+        plain = all(type(a) is int for a in (axis, k, stride, dilation)) and _plain_ints(self.views[-1].shape)
+        make = lambda: self._window(axis, k, stride, dilation)  # noqa: E731
+        return self._moved(("window", axis, k, stride, dilation), plain, make)
+
+    def _window(self, axis: int, k: int, stride: int, dilation: int) -> "ShapeTracker":
         last = self.views[-1]
         n = last.shape[axis]
         o = (n - dilation * (k - 1) - 1) // stride + 1
