@@ -120,6 +120,17 @@ def test_multinomial_frequencies_follow_the_softmax() -> None:
     assert d.shape == (2, 1) and d.dtype == np.int32
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "row of -inf"])
+def test_multinomial_refuses_what_is_no_distribution(bad: Any) -> None:
+    logits = np.zeros((2, 3), np.float32)
+    if bad == "row of -inf":
+        logits[1] = -np.inf
+    else:
+        logits[0, 1] = bad
+    with pytest.raises(ValueError, match="Multinomial"):
+        _runs(_model("Multinomial", {"x": logits}), {"x": logits})
+
+
 # ***** Dropout in training mode *****
 
 

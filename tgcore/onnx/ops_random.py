@@ -9,6 +9,7 @@ numbers are not those of another runtime for that seed."""
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Optional
 
@@ -115,5 +116,8 @@ def _multinomial(n: Node) -> Tensor:
     # each sample is the first class whose cumulative probability passes a uniform draw on [0, the total)
     cdf = x.cast(wide).softmax(-1).cumsum(-1)
     u = Tensor._uniform_draw((batch, samples), n.device, wide, seed_key(n)) * cdf[:, -1:]
-    picked = (cdf.unsqueeze(1) <= u.unsqueeze(-1)).sum(-1).minimum(classes - 1)
-    return picked.cast(dt)
+    picked = (cdf.unsqueeze(1) <= u.unsqueeze(-1)).sum(-1).minimum(classes - 1).cast(dt)
+    # (as torch refuses: a NaN or +inf log-probability, or a row that is -inf throughout, is no distribution)
+    bad = (x != x) | (x == math.inf) | (x.max(-1, keepdim=True) == -math.inf)
+    message = "Multinomial: a row of log-probabilities holds NaN or +inf, or only -inf"
+    return _with_check(picked, bad, message, ValueError)
