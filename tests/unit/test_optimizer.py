@@ -320,6 +320,26 @@ def test_16_registers_take_14_rows_one_vector_wide_before_7_rows_of_two(side: in
     assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == tile, k.applied_opts
 
 
+@pytest.mark.parametrize("batch, side, tile", [(1, 7, [16, 7]), (2, 7, [8, 7, 2]), (1, 14, [8, 14])])
+def test_16_registers_padded_rows_two_vectors_wide_only_when_one_vector_holds_too_few(
+    batch: int, side: int, tile: list[int]
+) -> None:
+    # a padded 3x3 conv's rows are gated loads, so its tile stays one vector wide (14 rows at 14 x 14), except where
+    # that tile would have fewer than 8 accumulators and no other axis to take more rows along: 7 x 7 outputs at
+    # batch 1 get 7 rows of two vectors; at batch 2, two images of 7 rows one vector wide
+    renderer = cpu_style_python()
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    renderer.vector_registers = 16
+    x, w = data((batch, 17, side, side)), data((16, 17, 3, 3), seed=1)  # (over 16 channels: no padded copy)
+    build = lambda a, b: a.conv2d(b, padding=1)  # noqa: E731
+    k = Kernel(last_kernel("PYTHON", build, x, w).ast, renderer)
+    k.hand_coded_optimizations()
+    assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == tile, k.applied_opts
+    for device in CPU_DEVICES:  # the tile's results (the interpreter takes minutes over these gated loads)
+        if device != "PYTHON":
+            check(device, build, x, w, opts=k.applied_opts)
+
+
 @pytest.mark.parametrize("lanes, registers", [(4, 16), (8, 16), (16, 32)])  # SSE, AVX2, AVX-512 float32 vectors
 def test_blocking_heuristics_on_every_vector_target(lanes: int, registers: int) -> None:
     # the heuristics' blocking on targets other than this CPU (their kernels are not run here: only planned)

@@ -922,11 +922,18 @@ class Kernel:
             return 0, False
         if _int(self.full_shape[col]) % (2 * vw) or budget < 2 * vw * min(WIDE_ROWS):
             return 0, False
-        # (not where the rows read a padded input: a 3x3 conv's gated row loads ran 8.4 -> 10.9 ms in 7 x 2-vector
-        # tiles against 14 x 1)
-        if any(self.sts[ld].axis_is_masked(row) for ld in self.loads()):
-            return 0, False
         size = _int(self.full_shape[row])
+        # not where the rows read a padded input (a 3x3 conv's gated row loads ran 8.4 -> 10.9 ms in 7 x 2-vector
+        # tiles against 14 x 1), unless a tile one vector wide would have fewer than MIN_ACCUMULATORS rows, each
+        # waiting on the FMA before it, and no other axis to take more rows along (_more_rows: a batch of two):
+        # ResNet-50's 512-channel 3x3 convs with 7 x 7 outputs, two Zen 3 cores, timed in turn against 7 rows of
+        # one vector in five runs: 7-9% faster in four, even in one (at batch 2, two images of 7 rows one vector
+        # wide ran 3.75 ms, 7 rows of two vectors 4.01)
+        if any(self.sts[ld].axis_is_masked(row) for ld in self.loads()):
+            narrow = self._divisor(size, tuple(range(self._rows_max(row, vw), 1, -1)))
+            if narrow >= MIN_ACCUMULATORS or self._other_rows(row, col) or not (rows := self._divisor(size, WIDE_ROWS)):
+                return 0, False
+            return rows, False
         if rows := self._divisor(size, WIDE_ROWS):
             # 7 rows of two vectors hold 14 accumulators, and with the two column vectors and the broadcast row value
             # one more than 16 registers: where 14 neighbouring rows fit a tile one vector wide, that tile instead (its
@@ -945,6 +952,18 @@ class Kernel:
         if size <= rows or not self._will_block(row, col, 2 * vw) or self._pad_refusal() is not None:
             return 0, False
         return (rows, True) if -(-size // rows) * rows <= size * (1 + WIDE_ROWS_PAD) else (0, False)
+
+    def _other_rows(self, row: int, col: int) -> bool:
+        """Whether a global axis besides `row` and `col` could give a tile more rows (as _more_rows takes them): an
+        axis that some load is broadcast along and the column's loads are not, of a size 2, 3 or 4 divides."""
+        loads = self.loads()
+        along_col = {i for i, ld in enumerate(loads) if self.stride_of(ld, col) == 0}
+        return any(
+            {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0} - along_col
+            and any(_int(self.full_shape[axis]) % c == 0 for c in (4, 3, 2))
+            for axis in range(self.first_reduce)
+            if axis not in (row, col) and self.is_concrete(axis)
+        )
 
     def _more_rows(self, vw: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:
