@@ -308,16 +308,20 @@ def expected_panel(tiles: int, want: int) -> int:
     return next(p for p in near if p < tiles and tiles % p == 0)
 
 
-@pytest.mark.parametrize("side, tile", [(14, [8, 14]), (7, [16, 7])])
-def test_16_registers_take_14_rows_one_vector_wide_before_7_rows_of_two(side: int, tile: list[int]) -> None:
+@pytest.mark.parametrize("side, tile, unroll", [(14, [8, 14], 4), (7, [16, 7], 2)])
+def test_16_registers_take_14_rows_one_vector_wide_before_7_rows_of_two(
+    side: int, tile: list[int], unroll: int
+) -> None:
     # 7 rows of two 8-lane vectors need 17 registers: a 1x1 conv with 14 x 14 outputs gets 14 rows one vector wide
-    # (14 accumulators fit), one with 7 x 7 outputs, where no 14 rows fit, keeps the 7 rows of two vectors
+    # (14 accumulators fit), one with 7 x 7 outputs, where no 14 rows fit, keeps the 7 rows of two vectors, and that
+    # tile, which spills, unrolls its reduce by 2 instead of 4
     renderer = cpu_style_python()
     renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
     renderer.vector_registers = 16
     x, w = data((1, 8, side, side)), data((16, 8, 1, 1), seed=1)
     k = check("PYTHON", lambda a, b: a.conv2d(b), x, w, renderer=renderer)
     assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == tile, k.applied_opts
+    assert [o.amount for o in k.applied_opts if o.op is OptOps.UNROLL] == [unroll], k.applied_opts
 
 
 @pytest.mark.parametrize("batch, side, tile", [(1, 7, [16, 7]), (2, 7, [8, 7, 2]), (1, 14, [8, 14])])
