@@ -966,16 +966,19 @@ class Kernel:
         return prod(ups) // vw + ups[-1] // vw + 1 > self.opts.vector_registers
 
     def _other_rows(self, row: int, col: int) -> bool:
-        """Whether a global axis besides `row` and `col` could give a tile more rows (as _more_rows takes them): an
-        axis that some load is broadcast along and the column's loads are not, of a size 2, 3 or 4 divides."""
-        loads = self.loads()
-        along_col = {i for i, ld in enumerate(loads) if self.stride_of(ld, col) == 0}
+        """Whether a global axis besides `row` and `col` could give a tile more rows as _more_rows takes them: one
+        whose rows reuse the column's loads, of a size 2, 3 or 4 divides."""
         return any(
-            {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0} - along_col
-            and any(_int(self.full_shape[axis]) % c == 0 for c in (4, 3, 2))
+            self._reuses_column_loads(axis, col) and any(_int(self.full_shape[axis]) % c == 0 for c in (4, 3, 2))
             for axis in range(self.first_reduce)
             if axis not in (row, col) and self.is_concrete(axis)
         )
+
+    def _reuses_column_loads(self, axis: int, col: int) -> bool:
+        """Whether rows along global `axis` reuse what the tile loads along its columns `col`: some load is broadcast
+        along `axis` and not along `col` (a conv's weights, the same for every image of a batch)."""
+        loads = self.loads()
+        return any(self.stride_of(ld, axis) == 0 and self.stride_of(ld, col) != 0 for ld in loads)
 
     def _more_rows(self, vw: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:
@@ -988,16 +991,10 @@ class Kernel:
         if lanes % vw or lanes // vw >= MIN_ACCUMULATORS:  # (a column narrower than a vector: no vector tile)
             return None
         accumulators = lanes // vw
-        loads = self.loads()
-        vector_axis = self.shape_len - 1
-        along_columns = {i for i, ld in enumerate(loads) if self.stride_of(ld, vector_axis) == 0}
         # up to 14 accumulators with 16 registers (one left for the column's vector, one for a broadcast row value)
         limit = (14 if self.opts.vector_registers < 32 else 24) // accumulators
         for axis in reversed(range(self.first_reduce)):  # (the innermost global axis first)
-            if not self.is_concrete(axis):
-                continue
-            along = {i for i, ld in enumerate(loads) if self.stride_of(ld, axis) == 0}
-            if not along - along_columns:  # (no column load is reused along it)
+            if not self.is_concrete(axis) or not self._reuses_column_loads(axis, self.shape_len - 1):
                 continue
             size = _int(self.full_shape[axis])
             for amount in (c for c in (4, 3, 2) if c <= limit and size % c == 0):
@@ -1170,8 +1167,9 @@ class Kernel:
         out = self.ast
         contiguous = [a for a in globals_ if self.stride_of(out, a) == 1]
         # (an index that every lane along the vector axis shares is computed once a vector: its ops do not count)
-        shared = self._shared_index_ops(contiguous[-1]) if contiguous else set()
-        alu = [x for x in out.lazyops() if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps)) and x not in shared]
+        nodes = out.lazyops()
+        shared = self._shared_index_ops(nodes, contiguous[-1]) if contiguous else set()
+        alu = [x for x in nodes if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps)) and x not in shared]
         if self.opts.vector_uops and not all(map(self._vector_op, alu)):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         amount = self._divisor(_int(self.full_shape[contiguous[-1]]), (vw, 4, 2)) if contiguous else 0
@@ -1201,14 +1199,14 @@ class Kernel:
             if len(alu) >= INTERLEAVE_MIN_OPS and amount == vw:
                 self._interleave_vectors(len(alu))
 
-    def _shared_index_ops(self, axis: int) -> set[LazyOp]:
-        """The nodes of a gathered load's index expression whose loads are all broadcast along global `axis`: every
-        lane along it has the same index, so the linearizer computes them once per group of lanes (equal uops are one)
-        and the loads at that index are whole vectors. (`table[ids]` wraps a negative id with an int compare and
-        select: scalar ops, but no reason to leave the row's copy one float at a time: 256 rows of 64 floats under
-        TinyJit on the Zen 3 VM, with the layout of Tensor._advanced_index, 40-65 -> ~27 us.)"""
+    def _shared_index_ops(self, nodes: list[LazyOp], axis: int) -> set[LazyOp]:
+        """Those of the kernel's `nodes` in a gathered load's index expression whose loads are all broadcast along
+        global `axis`: every lane along it has the same index, so the linearizer computes them once per group of lanes
+        (equal uops are one) and the loads at that index are whole vectors. (`table[ids]` wraps a negative id with an
+        int compare and select: scalar ops, but no reason to leave the row's copy one float at a time: 256 rows of 64
+        floats under TinyJit on the Zen 3 VM, with the layout of Tensor._advanced_index, 40-65 -> ~27 us.)"""
         shared: set[LazyOp] = set()
-        for x in self.ast.lazyops():
+        for x in nodes:
             if x.op is BufferOps.LOAD and x.src:
                 index = x.src[0].lazyops()
                 if all(self.stride_of(n, axis) == 0 for n in index if n.op is BufferOps.LOAD):

@@ -15,7 +15,7 @@ from tgcore.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from tgcore.onnx import dynamic
 from tgcore.onnx.errors import NotSymbolic, OnnxError
 from tgcore.onnx.ops_random import seed_key
-from tgcore.onnx.registry import Node, Result, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor
+from tgcore.onnx.registry import Node, Result, ceil_div, norm_axis, onnx_to_dtype, op, to_tensor, wide_float
 from tgcore.shape.symbolic import Node as SymNode
 from tgcore.tensor import Tensor
 
@@ -1016,7 +1016,7 @@ def _dropout(n: Node) -> tuple:
         if not 0 <= ratio < 1:
             raise n.unsupported(f"ratio {ratio}: expected a value in [0, 1)")
         if ratio != 0 and 0 not in x.shape:  # training: each element kept with probability 1 - ratio, scaled up
-            wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+            wide = wide_float(x.dtype)
             keep = Tensor._uniform_draw(tuple(x.shape), n.device, wide, seed_key(n)) >= ratio
             out = keep.where(x.cast(wide) * (1 / (1 - ratio)), 0).cast(x.dtype)
             return out, keep if n.num_outputs > 1 else None
@@ -2238,7 +2238,7 @@ def _dft(n: Node) -> Tensor:
     scale = np.full((taken, 1), 1 / length if inverse else 1.0)
     if irfft:  # each bin but 0 and length/2 stands for itself and its conjugate mirror
         scale[1 : (length + 1) // 2] *= 2
-    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    wide = wide_float(x.dtype)
     cos_t = Tensor((np.cos(angle) * scale).astype(wide.np), device=n.device)
     sin_t = Tensor((np.sin(angle) * scale).astype(wide.np), device=n.device)
     last = lambda t: t.cast(wide).transpose(axis, -1)  # noqa: E731 (the signal axis to the end)

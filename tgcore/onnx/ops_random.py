@@ -14,7 +14,7 @@ import struct
 from typing import Optional
 
 from tgcore.dtype import DType, dtypes
-from tgcore.onnx.registry import Node, onnx_to_dtype, op
+from tgcore.onnx.registry import Node, onnx_to_dtype, op, wide_float
 from tgcore.tensor import Tensor, _with_check
 
 _MASK64 = (1 << 64) - 1
@@ -51,14 +51,14 @@ def _uniform(n: Node, shape: tuple[int, ...], dt: DType) -> Tensor:
     if 0 in shape:
         return Tensor.zeros(shape, dtype=dt, device=n.device)
     # drawn in float32 at least (float16 has 11 bits), then scaled to [low, high)
-    wide = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+    wide = wide_float(dt)
     u = Tensor._uniform_draw(shape, n.device, wide, seed_key(n))
     return (u * (high - low) + low).cast(dt)
 
 
 def _normal(n: Node, shape: tuple[int, ...], dt: DType) -> Tensor:
     mean, scale = float(n.get("mean", 0.0)), float(n.get("scale", 1.0))
-    wide = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+    wide = wide_float(dt)
     return (Tensor._normal_draw(shape, n.device, wide, seed_key(n)) * scale + mean).cast(dt)
 
 
@@ -90,7 +90,7 @@ def _bernoulli(n: Node) -> Tensor:
     if not dtypes.is_float(p.dtype):
         raise n.unsupported(f"input of {p.dtype}: expected probabilities of a float type")
     dt = onnx_to_dtype(n.get("dtype"), n.op_type, n.opset) if n.get("dtype") is not None else p.dtype
-    wide = dtypes.float64 if p.dtype == dtypes.float64 else dtypes.float32
+    wide = wide_float(p.dtype)
     if 0 in p.shape:
         return Tensor.zeros(p.shape, dtype=dt, device=n.device)
     out = (Tensor._uniform_draw(tuple(p.shape), n.device, wide, seed_key(n)) < p.cast(wide)).cast(dt)
@@ -110,7 +110,7 @@ def _multinomial(n: Node) -> Tensor:
     if samples < 1:
         raise n.unsupported(f"sample_size {samples}: expected at least 1")
     batch, classes = x.shape
-    wide = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    wide = wide_float(x.dtype)
     if batch == 0:
         return Tensor.zeros(0, samples, dtype=dt, device=n.device)
     # each sample is the first class whose cumulative probability passes a uniform draw on [0, the total)

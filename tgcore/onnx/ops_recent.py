@@ -12,7 +12,7 @@ import numpy as np
 
 from tgcore.dtype import DType, dtypes
 from tgcore.onnx.errors import OnnxError
-from tgcore.onnx.registry import Node, norm_axis, onnx_to_dtype, op, to_tensor
+from tgcore.onnx.registry import Node, norm_axis, onnx_to_dtype, op, to_tensor, wide_float
 from tgcore.tensor import Tensor, _with_check
 
 _HALF = (dtypes.float16, dtypes.bfloat16)
@@ -210,7 +210,7 @@ def _stft(n: Node) -> Tensor:
     onesided, complex_in = bool(n.get("onesided", 1)), signal.shape[-1] == 2
     if onesided and complex_in:
         raise n.unsupported("onesided output of a complex signal (it has no conjugate symmetry); set onesided=0")
-    wide = dtypes.float64 if signal.dtype == dtypes.float64 else dtypes.float32
+    wide = wide_float(signal.dtype)
     bins = frame // 2 + 1 if onesided else frame
     j, k = np.arange(frame).reshape(-1, 1), np.arange(bins).reshape(1, -1)
     angle = -2 * np.pi * ((j * k) % frame) / frame

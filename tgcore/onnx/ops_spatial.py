@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from tgcore.dtype import DType, dtypes
-from tgcore.onnx.registry import Node, op
+from tgcore.onnx.registry import Node, op, wide_float
 from tgcore.tensor import Tensor, _with_check
 
 # one axis' taps for a coordinate: (integer-valued positions as floats, their weights)
@@ -21,8 +21,8 @@ Taps = list[tuple[Tensor, Tensor]]
 
 
 def _compute_dtype(*ts: Tensor) -> DType:
-    """float64 when any input is float64, else float32 (half types are sampled in float32)."""
-    return dtypes.float64 if any(t.dtype == dtypes.float64 for t in ts) else dtypes.float32
+    """The dtype sampling runs in: float64 when any input is float64, else float32 (half types too)."""
+    return wide_float(*(t.dtype for t in ts))
 
 
 def _cubic(t: Tensor, a: float = -0.75) -> Tensor:

@@ -159,6 +159,12 @@ class Node:
         return Tensor(np.asarray(value, dtype=dtype.np), device=self.device)
 
 
+def wide_float(*dts: DType) -> DType:
+    """The dtype a float computation on inputs of `dts` runs in: float64 when one is float64, else float32 (the half
+    types' 11 or 8 bits are too few to draw random numbers, sample or transform in)."""
+    return dtypes.float64 if dtypes.float64 in dts else dtypes.float32
+
+
 def norm_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
