@@ -977,8 +977,7 @@ class Kernel:
     def _reuses_column_loads(self, axis: int, col: int) -> bool:
         """Whether rows along global `axis` reuse what the tile loads along its columns `col`: some load is broadcast
         along `axis` and not along `col` (a conv's weights, the same for every image of a batch)."""
-        loads = self.loads()
-        return any(self.stride_of(ld, axis) == 0 and self.stride_of(ld, col) != 0 for ld in loads)
+        return any(self.stride_of(ld, axis) == 0 and self.stride_of(ld, col) != 0 for ld in self.loads())
 
     def _more_rows(self, vw: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:

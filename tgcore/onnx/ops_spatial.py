@@ -12,17 +12,12 @@ from typing import Optional
 
 import numpy as np
 
-from tgcore.dtype import DType, dtypes
+from tgcore.dtype import dtypes
 from tgcore.onnx.registry import Node, op, wide_float
 from tgcore.tensor import Tensor, _with_check
 
 # one axis' taps for a coordinate: (integer-valued positions as floats, their weights)
 Taps = list[tuple[Tensor, Tensor]]
-
-
-def _compute_dtype(*ts: Tensor) -> DType:
-    """The dtype sampling runs in: float64 when any input is float64, else float32 (half types too)."""
-    return wide_float(*(t.dtype for t in ts))
 
 
 def _cubic(t: Tensor, a: float = -0.75) -> Tensor:
@@ -116,7 +111,7 @@ def _grid_sample(n: Node) -> Tensor:
             f"X of shape {x.shape} and grid of shape {grid.shape}: expected grid (N, *out, {max(r, 1)}) for X "
             "(N, C, *spatial) with as many spatial axes as the grid's last axis"
         )
-    ct = _compute_dtype(x, grid)
+    ct = wide_float(x.dtype, grid.dtype)
     out = grid.shape[1:-1]
     g = grid.cast(ct).reshape(grid.shape[0], -1, r)
     coords = []
@@ -163,7 +158,7 @@ def _deform_conv(n: Node) -> Tensor:
         )
     if mask is not None and tuple(mask.shape) != (batch, offset_group * k_count, *out):
         raise n.unsupported(f"mask of shape {mask.shape}: expected {(batch, offset_group * k_count, *out)}")
-    ct = _compute_dtype(x, w, offset)
+    ct = wide_float(x.dtype, w.dtype, offset.dtype)
     # where each kernel tap reads before its offset: (axis, kernel taps, output points), known ahead
     taps = np.stack(np.meshgrid(*[np.arange(k) for k in kernel], indexing="ij"), 0).reshape(nd, k_count, 1)
     outs = np.stack(np.meshgrid(*[np.arange(o) for o in out], indexing="ij"), 0).reshape(nd, 1, points)
@@ -226,7 +221,7 @@ def _roi_align(n: Node) -> Tensor:
     ratio, scale = n.get("sampling_ratio", 0), n.get("spatial_scale", 1.0)
     _, channels, height, width = x.shape
     count = rois.shape[0]
-    ct = _compute_dtype(x, rois)
+    ct = wide_float(x.dtype, rois.dtype)
     shift = 0.5 if coord == "half_pixel" else 0.0
     box = rois.cast(ct) * scale - shift
     x1, y1, x2, y2 = (box[:, i] for i in range(4))
@@ -289,7 +284,7 @@ def _max_roi_pool(n: Node) -> Tensor:
     if not dtypes.is_float(x.dtype):
         raise n.unsupported(f"X of {x.dtype}: expected a float type")
     (ph, pw), (_, channels, height, width), count = pooled, x.shape, rois.shape[0]
-    ct = _compute_dtype(x, rois)
+    ct = wide_float(x.dtype, rois.dtype)
     box = rois.cast(ct)
     corners = box[:, 1:] * scale
     corners = corners.sign() * (corners.abs() + 0.5).floor()  # rounded half away from zero (C's round)
@@ -371,7 +366,7 @@ def _det(n: Node) -> Tensor:
     if not dtypes.is_float(x.dtype):
         raise n.unsupported(f"input of dtype {x.dtype.name}: expected a float type")
     size, batch_shape = x.shape[-1], x.shape[:-2]
-    ct = _compute_dtype(x)
+    ct = wide_float(x.dtype)
     batch = math.prod(batch_shape)
     det = Tensor.ones(batch, dtype=ct, device=n.device)
     a = x.cast(ct).reshape(batch, size, size)
