@@ -473,13 +473,18 @@ def test_rows_padded_to_a_wide_tile_keep_results_and_store_nothing_past_the_outp
 
 
 @pytest.mark.parametrize("device", CPU_DEVICES)
-def test_a_model_trained_through_padded_tiles_matches_numpy(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("outputs", [16, 500])
+def test_a_model_trained_through_padded_tiles_matches_numpy(
+    device: str, outputs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A whole program: a 2-layer MLP trained by SGD for 3 steps, its first layer a blocked matmul of 104 rows (padded
-    to 108 with 16 registers, on any CPU), against the same training in float64 numpy."""
+    to 108 with 16 registers, on any CPU), against the same training in float64 numpy. With 500 outputs the second
+    layer's columns are padded too (to 512), and the backward's matmuls over them."""
     monkeypatch.setattr(Device[device].renderer, "vector_registers", 16)
     rng = np.random.default_rng(7)
-    x, y = rng.standard_normal((104, 392)).astype(np.float32), rng.standard_normal((104, 16)).astype(np.float32)
-    params = [rng.standard_normal(s).astype(np.float32) * 0.05 for s in ((256, 392), (256,), (16, 256), (16,))]
+    x, y = rng.standard_normal((104, 392)).astype(np.float32), rng.standard_normal((104, outputs)).astype(np.float32)
+    shapes = ((256, 392), (256,), (outputs, 256), (outputs,))
+    params = [rng.standard_normal(s).astype(np.float32) * 0.05 for s in shapes]
     lr = 0.05
 
     def forward(t: list[Tensor], xt: Tensor) -> tuple[Tensor, Tensor]:
@@ -489,6 +494,9 @@ def test_a_model_trained_through_padded_tiles_matches_numpy(device: str, monkeyp
     tensors = [Tensor(p, device=device, requires_grad=True) for p in params]
     si = forward(tensors, Tensor(x, device=device))[0].schedule()[-1]  # the first layer's kernel: padded rows
     assert Opt(OptOps.PADTO, 0, 6) in get_kernel(Device[device].renderer, si.ast).applied_opts
+    si = forward(tensors, Tensor(x, device=device))[1].schedule()[-1]  # the second's: its columns padded or not
+    padded = Opt(OptOps.PADTO, 1, 16) in get_kernel(Device[device].renderer, si.ast).applied_opts
+    assert padded == (outputs % 16 != 0)
     ref = [p.astype(np.float64) for p in params]
     for _ in range(3):
         loss = ((forward(tensors, Tensor(x, device=device))[1] - Tensor(y, device=device)) ** 2).mean()
@@ -504,6 +512,52 @@ def test_a_model_trained_through_padded_tiles_matches_numpy(device: str, monkeyp
         ref = [p - lr * g for p, g in zip(ref, grads)]
     for t, want in zip(tensors, ref):
         np.testing.assert_allclose(t.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_columns_no_tile_divides_are_padded_and_their_input_packed(device: str) -> None:
+    """A matmul whose output columns no tile two vectors wide divides (GPT-2's 50,257-word logits, N = 1000) pads them
+    to a multiple of two vectors (PADTO) where that adds at most 1/32 of the columns: the tile keeps its two vectors
+    instead of going along the rows, each column tile's share of the input read along the columns is packed (its
+    padded lanes read there as zeros), the reduce is not unrolled, and nothing is stored past the output."""
+    renderer = sixteen_registers(device)
+    linear = lambda x, w, b: (x @ w.T + b).gelu()  # noqa: E731
+    cases = [  # (build, shapes, the tile's opts: columns, rows)
+        (lambda a, b: a @ b, ((30, 96), (96, 500)), (1, 0, OptOps.UPCAST, 6)),  # 500 columns -> 512
+        (linear, ((20, 128), (250, 128), (250,)), (1, 0, OptOps.UPCAST, 5)),  # 250 -> 256, b's rows gathered
+        (lambda a, b: a @ b.T, ((64, 64), (1020, 64)), (1, 0, OptOps.PADTO, 6)),  # 1020 -> 1024, 64 rows -> 66
+        # a conv over 250-pixel rows: the pixels are the columns (250 -> 256), the output channels the rows (16 -> 18)
+        (lambda x, w: x.conv2d(w, padding=1), ((1, 8, 6, 250), (16, 8, 3, 3)), (2, 0, OptOps.PADTO, 6)),
+    ]
+    for build, shapes, (col, row, rows, amount) in cases:
+        inputs = [data(s, seed=i) for i, s in enumerate(shapes)]
+        si = last_kernel(device, build, *inputs)
+        reference = run_fenced(device, si, Kernel(si.ast, renderer))
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert k.applied_opts[:2] == [Opt(OptOps.PADTO, col, 16), Opt(rows, row, amount)], k.applied_opts
+        assert k.applied_opts[-1].op is OptOps.PACK and OptOps.UNROLL not in {o.op for o in k.applied_opts}
+        got = run_fenced(device, si, k)
+        assert same(reference, got), f"{k.applied_opts} changed the result"
+        want = build(*[Tensor(x, device="PYTHON") for x in inputs]).numpy()
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    # 32 registers of 16 floats (AVX-512): tiles of two such vectors, rows as a tile one vector wide takes them (at
+    # most 256 lanes)
+    wide = sixteen_registers(device)
+    wide.vector_widths, wide.vector_registers = {**wide.vector_widths, dtypes.float32: 16}, 32
+    inputs = [data((64, 64)), data((1020, 64), seed=1)]
+    si = last_kernel(device, lambda a, b: a @ b.T, *inputs)
+    k = Kernel(si.ast, wide)
+    k.hand_coded_optimizations()
+    assert k.applied_opts[:2] == [Opt(OptOps.PADTO, 1, 32), Opt(OptOps.UPCAST, 0, 8)], k.applied_opts
+    np.testing.assert_allclose(
+        run_fenced(device, si, k).reshape(64, 1020), inputs[0] @ inputs[1].T, rtol=1e-4, atol=1e-4
+    )
+    # not where the padding would add more than 1/32 of the columns (10 classes -> 16, 200 -> 208)
+    for columns in (10, 200):
+        k = Kernel(last_kernel(device, lambda a, b: a @ b, data((64, 96)), data((96, columns), seed=1)).ast, renderer)
+        k.hand_coded_optimizations()
+        assert OptOps.PADTO not in {o.op for o in k.applied_opts[:1]}, k.applied_opts
 
 
 def test_padto_pads_only_where_a_padded_lane_cannot_fault() -> None:
@@ -707,8 +761,14 @@ def test_packed_inputs_keep_results_on_python() -> None:
     check("PYTHON", lambda a, w: a @ w.T, x, data((32, 32)), opts=GATHERED, renderer=renderer)
     assert len(k.packed) == 2 and [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
     # padding: the block holds 0 where the input is outside its buffer, and the inner loop reads it ungated
-    check("PYTHON", lambda a, b: a.pad(((0, 0), (3, 1))) @ b, data((8, 28)), data((32, 32)), opts=PACKED[:-1],
-          renderer=renderer)
+    check(
+        "PYTHON",
+        lambda a, b: a.pad(((0, 0), (3, 1))) @ b,
+        data((8, 28)),
+        data((32, 32)),
+        opts=PACKED[:-1],
+        renderer=renderer,
+    )
 
 
 @pytest.mark.parametrize("device", [d for d in CPU_DEVICES if getattr(Device[d].renderer, "scratch_max", 0)])

@@ -101,6 +101,9 @@ WIDE_ROWS = (6, 7, 5)
 # where none of WIDE_ROWS divides the rows (a power of two: 1024, BERT's 128 tokens), the rows are padded to a
 # multiple of the first (PADTO) when that adds at most this share of rows
 WIDE_ROWS_PAD = 1 / 8
+# a matmul's output columns that no tile two vectors wide divides are padded to a multiple of it when that adds at
+# most this share of columns (Kernel._padded_column_tile)
+COLUMN_PAD_WASTE = 1 / 32
 REDUCE_LANES = 16
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
 # adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
@@ -769,7 +772,10 @@ class Kernel:
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
         pack_col: Optional[int] = None  # a tile's column axis, whose gathered input _pack_gathered may pack
-        if not self.reduce_lanes and (len(broadcast) >= 2 or (broadcast and len(loads) >= 2)):
+        padded_col = None if self.reduce_lanes else self._padded_column_tile(broadcast, vw, budget)
+        if padded_col is not None:
+            pack_col = padded_col
+        elif not self.reduce_lanes and (len(broadcast) >= 2 or (broadcast and len(loads) >= 2)):
             # the column axis is one that the reduce's own loads read whole vectors along: an input read after the
             # reduce (a residual added to a conv's output: once per output, not per reduce step) does not choose it
             # (ResNet's 3x3 convs with the shortcut added had their vectors along the output's row, gathered from
@@ -836,13 +842,16 @@ class Kernel:
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
-        if self.n_reduce and not self.inner_globals and self.is_concrete(self.first_upcast - 1) and not gated:
+        # (a padded column tile's reduce is not unrolled: 1020^3 and GPT-2's logits ran 1.2-1.7x slower unrolled by 2
+        # or 4, its 12 accumulators and the lanes of each step more than 16 registers hold)
+        unroll = padded_col is None and not self.inner_globals
+        if self.n_reduce and unroll and self.is_concrete(self.first_upcast - 1) and not gated:
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (2,) if self._spills(vw) else (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
         if pack_col is not None and not self.inner_globals:
-            self._pack_gathered(pack_col)
+            self._pack_gathered(pack_col, padded=padded_col is not None)
         if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1) and not gated:
             self._more_accumulators(vw, budget)
 
@@ -1041,6 +1050,58 @@ class Kernel:
         col = cols[-1] if cols else broadcast[-1]
         return col, self._divisor(_int(self.full_shape[col]), (8, 4, 2) if vw > 1 else (4, 2))
 
+    def _padded_column_tile(self, broadcast: list[int], vw: int, budget: int) -> Optional[int]:
+        """CPU loops over a matmul whose output columns no tile two vectors wide divides (GPT-2's 50,257-word logits,
+        1000 classes, N = 1020): the columns padded to a multiple of two vectors (PADTO, at most COLUMN_PAD_WASTE more)
+        and a tile of rows as _wide_rows makes them, the rows padded too where that pays; returns the column axis
+        (its input is packed per column tile: _pack_gathered), else None with the kernel unchanged. Unpadded, such a
+        matmul had tiles along its rows or a few lanes wide: on two Zen 3 cores 128 x 768 @ (50257 x 768).T ran 26
+        GFLOP/s (150-154 padded), 1020^3 47-60 (128-160), 2040^3 98 (155), 512 x 512 @ (500 x 512).T 99-141 (83-186),
+        a 3x3 conv over 250-pixel rows 32 (38); the column tiles each over all rows, their input's block packed, ran
+        faster there than in panels blocked for the cache (_block_for_cache: 1020^3 130, 1000^3 151)."""
+        if vw <= 1 or self.opts.global_max is not None or not self.opts.scratch_max or len(self.reduceops) != 1:
+            return None
+        stored = [a for a in broadcast if self.stride_of(self.ast, a) == 1]
+        if len(stored) != 1 or self._pad_refusal() is not None or self._gated_symbolic():
+            return None
+        col, width = stored[0], 2 * vw
+        size = _int(self.full_shape[col])
+        if size % width == 0 or size < 4 * width or -(-size // width) * width > size * (1 + COLUMN_PAD_WASTE):
+            return None
+        inside = set(self.reduceops[0].lazyops())
+        along = [ld for ld in self.loads() if ld in inside and self.stride_of(ld, col) != 0]
+        rows = [a for a in broadcast if a != col and all(self.stride_of(ld, a) == 0 for ld in along)]
+        if len(along) != 1 or not rows or budget < width * WIDE_ROWS[0]:
+            return None
+        reduce_axes = range(self.first_reduce, self.first_reduce + self.n_reduce)
+        if not all(self.is_concrete(a) for a in reduce_axes):
+            return None
+        # (the block of a column tile must fit the scratch memory: unpacked, its padded lanes load one by one)
+        if (
+            prod(_int(self.full_shape[a]) for a in reduce_axes) * width * along[0].arg.dtype.itemsize
+            > self.opts.scratch_max
+        ):
+            return None
+        row = rows[-1]
+        row_size = _int(self.full_shape[row])
+        if self.opts.vector_registers < 32:
+            amount, pad_rows = self._divisor(row_size, WIDE_ROWS), False
+            if not amount and -(-row_size // WIDE_ROWS[0]) * WIDE_ROWS[0] <= row_size * (1 + WIDE_ROWS_PAD):
+                amount, pad_rows = WIDE_ROWS[0], True
+        else:
+            limit = min(self._rows_max(row, vw), MAX_UPCAST // width)
+            amount, pad_rows = self._divisor(row_size, tuple(range(limit, 1, -1))), False
+        if not amount or row_size <= amount:
+            return None
+        saved = self.copy()
+        # (the column axis keeps its place: it is longer than one tile)
+        if self._try(Opt(OptOps.PADTO, col, width)) and self._try(
+            Opt(OptOps.PADTO if pad_rows else OptOps.UPCAST, row, amount)
+        ):
+            return col
+        self.__dict__.update(saved.__dict__)
+        return None
+
     def _block_for_cache(self, row: int, col: int) -> None:
         """CPU loops over a big matmul-like reduce: run the reduce in blocks of about BLOCK_REDUCE steps, each over a
         panel of output tiles that keeps its share of both inputs in cache (the partial sums wait in the output, so
@@ -1126,18 +1187,21 @@ class Kernel:
         steps = prod(_int(self.full_shape[a]) for a in reduce_axes)
         return steps * columns * 4 <= self.opts.scratch_max
 
-    def _pack_gathered(self, col: int) -> None:
+    def _pack_gathered(self, col: int, padded: bool = False) -> None:
         """CPU loops over a matmul-like reduce whose tile columns an input holds far apart (x @ w.T, a Linear layer:
         the columns are w's rows; a conv's weights along its output channels): the column tiles become the outer loop
         and that input's block for one of them (every reduce step of the tile's columns) is packed, each element
-        gathered once instead of once per row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms)."""
+        gathered once instead of once per row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms).
+        `padded`: the columns were padded (_padded_column_tile), so the input read along them is packed even where
+        it is contiguous: its lanes are valid one by one, and the block makes them one vector load again."""
         if self.opts.global_max is not None or self.local_dims or not 0 <= col < self.first_reduce:
             return
         # (a contiguous input packs for no gain: 128x512 @ 512x512 and its transposes ran 3-15% slower packed; and an
         # input added after the reduce, as a bias, is read once per output, not per reduce step)
         inside = set(self.reduceops[0].lazyops())
         last = self.shape_len - 1
-        gathered = [i for i, ld in enumerate(self.loads()) if ld in inside and self.stride_of(ld, last) not in (0, 1)]
+        skip = (0,) if padded else (0, 1)
+        gathered = [i for i, ld in enumerate(self.loads()) if ld in inside and self.stride_of(ld, last) not in skip]
         if len(gathered) != 1:
             return
         saved = self.copy()
