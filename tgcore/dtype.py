@@ -23,7 +23,11 @@ class DType:
     fmt: Optional[str]  # struct/memoryview format character, None where Python has none
     count: int = 1
 
-    # dtypes are compared and hashed on every op: identity first, and the hash computed once
+    # dtypes are compared and hashed on every op (a kernel's lowering: ~1M times for EfficientNet-B0's 161 kernels):
+    # identity first, the hash computed when the dtype is made, and each vector type made once (vec)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
@@ -38,7 +42,7 @@ class DType:
     def __hash__(self) -> int:
         try:
             return self._hash  # type: ignore[attr-defined,no-any-return]
-        except AttributeError:
+        except AttributeError:  # (unpickled: the hash is of this process's strings)
             h = hash(self._fields())
             object.__setattr__(self, "_hash", h)
             return h
@@ -61,21 +65,35 @@ class DType:
         return INVERSE_DTYPES_DICT[self.scalar().name]
 
     def vec(self, size: int) -> DType:
-        """The vector type of `size` elements of this scalar type."""
+        """The vector type of `size` elements of this scalar type (the same object each time)."""
+        if (got := _VECTORS.get((self, size))) is not None:
+            return got
         if self.count != 1 or size <= 1:
             raise ValueError(
                 f"cannot make a vector of {size} elements from {self}: expected a scalar dtype and size > 1"
             )
-        return DType(self.priority, self.itemsize * size, f"{INVERSE_DTYPES_DICT[self.name]}{size}", None, size)
+        made = DType(self.priority, self.itemsize * size, f"{INVERSE_DTYPES_DICT[self.name]}{size}", None, size)
+        _SCALARS[made] = self
+        return _VECTORS.setdefault((self, size), made)
 
     def scalar(self) -> DType:
         """The element type of a vector type (self for scalars)."""
-        return DTYPES_DICT[self.name[: -len(str(self.count))]] if self.count > 1 else self
+        if self.count == 1:
+            return self
+        if (got := _SCALARS.get(self)) is not None:
+            return got
+        return DTYPES_DICT[self.name[: -len(str(self.count))]]
 
     @property
     def np(self) -> Optional[type]:
         """The numpy scalar type with the same layout, None for bfloat16."""
         return _NUMPY_TYPES.get(self.name) if self.count == 1 else None
+
+
+# vec's vector types by (scalar type, size), and their scalar types (a scalar type's vectors are few: every width a
+# renderer uses)
+_VECTORS: dict[tuple[DType, int], DType] = {}
+_SCALARS: dict[DType, DType] = {}
 
 
 @dataclass(frozen=True, repr=False)

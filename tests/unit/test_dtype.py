@@ -97,6 +97,20 @@ def test_dtypes_hashable_and_equal_by_value() -> None:
     assert F32 != F64
 
 
+def test_vector_dtypes_are_made_once_and_survive_pickling() -> None:
+    """vec gives the same object for the same scalar type and size (a kernel's lowering asks ~100k times); a vector
+    type unpickled in another process (its fields hashed anew) is equal to it, hashes alike and knows its scalar."""
+    import pickle
+
+    v = F32.vec(8)
+    assert F32.vec(8) is v and F32.vec(4) is not v and F16.vec(8) is not v and v.scalar() is F32
+    made = DType(v.priority, v.itemsize, v.name, v.fmt, v.count)  # equal, made by hand
+    assert made == v and hash(made) == hash(v) and made.scalar() is F32
+    back = pickle.loads(pickle.dumps(v))
+    assert "_hash" not in v.__getstate__() and back == v and hash(back) == hash(v) and {back: 1}[v] == 1
+    assert back.scalar() == F32 and pickle.loads(pickle.dumps(F32)) == F32
+
+
 # ***** promotion lattice (tinygrad 0.9.0) *****
 
 PROMOTIONS = [

@@ -761,14 +761,8 @@ def test_packed_inputs_keep_results_on_python() -> None:
     check("PYTHON", lambda a, w: a @ w.T, x, data((32, 32)), opts=GATHERED, renderer=renderer)
     assert len(k.packed) == 2 and [u.arg[1] for u in to_program(k).uops if u.op is UOps.DEFINE_LOCAL] == [64, 128]
     # padding: the block holds 0 where the input is outside its buffer, and the inner loop reads it ungated
-    check(
-        "PYTHON",
-        lambda a, b: a.pad(((0, 0), (3, 1))) @ b,
-        data((8, 28)),
-        data((32, 32)),
-        opts=PACKED[:-1],
-        renderer=renderer,
-    )
+    check("PYTHON", lambda a, b: a.pad(((0, 0), (3, 1))) @ b, data((8, 28)), data((32, 32)), opts=PACKED[:-1],
+          renderer=renderer)
 
 
 @pytest.mark.parametrize("device", [d for d in CPU_DEVICES if getattr(Device[d].renderer, "scratch_max", 0)])
