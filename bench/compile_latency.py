@@ -7,7 +7,8 @@ the same stages on another fresh kernel, and the warm call (the same kernel agai
 
 It also times `Tensor.randn(1024, 1024, dtype=...).max().item()` in a new Python process, import included, once
 with an empty disk cache (every kernel compiled) and once more with the cache that run left (nothing compiled), in
-each float dtype: the first result a script that draws random tensors waits for.
+each float dtype: the first result a script that draws random tensors waits for. (Python's own bytecode is cached,
+as an installed package's is: new_process_env.)
 
     python bench/compile_latency.py                      # every available device
     python bench/compile_latency.py --devices LLVM CLANG --repeats 20
@@ -94,11 +95,23 @@ def stages(device: str, rng: random.Random) -> tuple[float, float, float]:
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
-def randn_in_new_process(device: str, dtype: str, cache_db: str) -> tuple[float, float, float]:
+def new_process_env(folder: str, device: str) -> dict[str, str]:
+    """The environment of a new process that runs as a user's would: the disk caches on (the cache at
+    `folder`/cache.db), and Python's bytecode cached as an installed package's is (pip compiles it at install;
+    PYTHONDONTWRITEBYTECODE, as tox sets it, would have each process compile every module's source again: ~0.3 s of
+    an import), in `folder` rather than the source tree, written here by importing tgcore and opening `device`."""
+    kept = ("DISABLE_COMPILER_CACHE", "DISABLE_PROGRAM_CACHE", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in kept}
+    env["CACHEDB"] = os.path.join(folder, "cache.db")
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(folder, "pycache")
+    warm = f"from tgcore import Device; Device[{device!r}]"
+    subprocess.run([sys.executable, "-c", warm], env={**env, "CACHELEVEL": "0"}, capture_output=True, check=True)
+    return env
+
+
+def randn_in_new_process(device: str, dtype: str, env: dict[str, str]) -> tuple[float, float, float]:
     """(seconds to import tgcore, seconds from there to the first result, the result) of randn(1024, 1024).max() in
-    a new Python process whose disk cache is `cache_db` (a new file: an empty cache)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DISABLE_COMPILER_CACHE", "DISABLE_PROGRAM_CACHE")}
-    env["CACHEDB"] = cache_db
+    a new Python process of environment `env` (new_process_env)."""
     proc = subprocess.run(
         [sys.executable, "-c", _RANDN_SCRIPT, device, dtype], env=env, capture_output=True, text=True, check=False
     )
@@ -109,10 +122,10 @@ def randn_in_new_process(device: str, dtype: str, cache_db: str) -> tuple[float,
 
 
 def randn_cold_and_warm(device: str, dtype: str) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """randn_in_new_process with an empty cache, then again in another process with the cache the first left."""
+    """randn_in_new_process with an empty disk cache, then again in another process with the cache the first left."""
     with tempfile.TemporaryDirectory() as folder:
-        cache_db = os.path.join(folder, "cache.db")
-        return randn_in_new_process(device, dtype, cache_db), randn_in_new_process(device, dtype, cache_db)
+        env = new_process_env(folder, device)
+        return randn_in_new_process(device, dtype, env), randn_in_new_process(device, dtype, env)
 
 
 def print_randn(devices: list[str]) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from bench import compile_latency
 from bench.harness import Case, Context, Measured, check, measure, median
 from bench.models import Weights, bert, cnn, efficientnet, gpt2, lazy_api, load_lazy, load_torch, make_weights, resnet
 from bench.runners import Runner
@@ -355,13 +356,7 @@ def _warm_start(ctx: Context, runners: list[Runner]) -> None:
 
         def body(runner: Runner = runner) -> Measured:
             with tempfile.TemporaryDirectory() as folder:
-                # both cache tables in use (the point), and Python's bytecode cached as an installed package's is
-                # (pip compiles it at install; PYTHONDONTWRITEBYTECODE, as tox sets it, would have each process compile
-                # every module's source again: ~0.3 s), in the temporary folder rather than the source tree
-                kept = ("DISABLE_COMPILER_CACHE", "DISABLE_PROGRAM_CACHE", "PYTHONDONTWRITEBYTECODE")
-                env = {k: v for k, v in os.environ.items() if k not in kept}
-                env["CACHEDB"] = os.path.join(folder, "cache.db")
-                env["PYTHONPYCACHEPREFIX"] = os.path.join(folder, "pycache")
+                env = compile_latency.new_process_env(folder, runner.device)  # (both cache tables in use: the point)
                 cmd = [sys.executable, "-c", _WARM_SCRIPT, runner.device, json.dumps(blocks), str(image)]
                 runs = []
                 for _ in range(2):  # the first fills the cache, the second is the figure
