@@ -102,8 +102,8 @@ WIDE_ROWS = (6, 7, 5)
 # multiple of the first (PADTO) when that adds at most this share of rows
 WIDE_ROWS_PAD = 1 / 8
 # a matmul's output columns that no tile two vectors wide divides are padded to a multiple of it when that adds at
-# most this share of columns (Kernel._padded_column_tile)
-COLUMN_PAD_WASTE = 1 / 32
+# most this share of columns (Kernel._padded_column_tile: a 14 x 14 conv's 196 pixels -> 208)
+COLUMN_PAD_WASTE = 1 / 16
 REDUCE_LANES = 16
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
 # adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
@@ -1058,7 +1058,9 @@ class Kernel:
         matmul had tiles along its rows or a few lanes wide: on two Zen 3 cores 128 x 768 @ (50257 x 768).T ran 26
         GFLOP/s (150-154 padded), 1020^3 47-60 (128-160), 2040^3 98 (155), 512 x 512 @ (500 x 512).T 99-141 (83-186),
         a 3x3 conv over 250-pixel rows 32 (38); the column tiles each over all rows, their input's block packed, ran
-        faster there than in panels blocked for the cache (_block_for_cache: 1020^3 130, 1000^3 151)."""
+        faster there than in panels blocked for the cache (_block_for_cache: 1020^3 130, 1000^3 151). A 1x1 conv at
+        14 x 14 (196 pixels -> 208) takes this tile before _wide_rows' 14 rows one vector wide: ResNet-50's 256 ->
+        1024 and 1024 -> 256 1.02-1.23x faster, EfficientNet-B0's 1.08-1.33x (each pair of kernels timed in turn)."""
         if vw <= 1 or self.opts.global_max is not None or not self.opts.scratch_max or len(self.reduceops) != 1:
             return None
         stored = [a for a in broadcast if self.stride_of(self.ast, a) == 1]
@@ -1085,9 +1087,13 @@ class Kernel:
         row = rows[-1]
         row_size = _int(self.full_shape[row])
         if self.opts.vector_registers < 32:
-            amount, pad_rows = self._divisor(row_size, WIDE_ROWS), False
+            # 6 or 5 rows, else 6 padded, else 7 (14 accumulators and 3 more registers: one more than 16, spilled;
+            # EfficientNet-B0's 1x1 convs at 14 x 14 with 112 output channels ran 0.63-0.65x as fast in 7 rows as in
+            # 14 rows one vector wide)
+            amount, pad_rows = self._divisor(row_size, tuple(r for r in WIDE_ROWS if r != 7)), False
             if not amount and -(-row_size // WIDE_ROWS[0]) * WIDE_ROWS[0] <= row_size * (1 + WIDE_ROWS_PAD):
                 amount, pad_rows = WIDE_ROWS[0], True
+            amount = amount or self._divisor(row_size, (7,))
         else:
             limit = min(self._rows_max(row, vw), MAX_UPCAST // width)
             amount, pad_rows = self._divisor(row_size, tuple(range(limit, 1, -1))), False
