@@ -411,10 +411,19 @@ def test_tiles_two_vectors_wide_where_6_7_or_5_rows_divide_the_rows(
         if padding == 0:
             want = np.einsum("kc,nchw->nkhw", w1[:, :, 0, 0], x)
             np.testing.assert_allclose(run("PYTHON", si, k).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
-    # 64 rows: no such divisor, and a reduce of 64 steps too short to pad them for (PADTO), so one vector
+    # 64 rows: no such divisor, and a reduce of 64 steps too short to run in blocks: with 32 columns (too few for the
+    # packed column tile where a vector is 8 wide) one vector; with 128 the packed column tile, its rows padded to 66
     k = Kernel(last_kernel("PYTHON", lambda a, b: a @ b, data((64, 64)), b).ast, renderer)
     k.hand_coded_optimizations()
-    assert tile_columns(k) == lanes
+    if lanes == 8:
+        assert tile_columns(k) == lanes, k.applied_opts
+    a, b = data((64, 64)), data((64, 128), seed=1)
+    si = last_kernel("PYTHON", lambda a, b: a @ b, a, b)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    assert k.applied_opts[:2] == [Opt(OptOps.UPCAST, 1, 2 * lanes), Opt(OptOps.PADTO, 0, 6)], k.applied_opts
+    assert k.applied_opts[-1].op is OptOps.PACK
+    np.testing.assert_allclose(run("PYTHON", si, k).reshape(64, 128), a @ b, rtol=1e-5, atol=1e-5)
 
 
 def sixteen_registers(device: str) -> Renderer:
@@ -466,10 +475,15 @@ def test_rows_padded_to_a_wide_tile_keep_results_and_store_nothing_past_the_outp
         uops = to_program(k).uops
         assert any(u.op is UOps.STORE and len(u.src) == 4 for u in uops)  # (the padded rows' stores are gated)
         assert not any(u.op is UOps.LOAD and len(u.src) == 4 for u in uops)  # (and no load is)
-    # an unblocked kernel keeps its tile (attention's weights @ values, a reduce of 128: padded, it ran slower)
-    k = Kernel(last_kernel(device, lambda a, b: a @ b, data((64, 128)), data((128, 64))).ast, renderer)
+    # an unblocked kernel (attention's weights @ values, 4 column tiles: too few for panels) pads its rows too, in the
+    # packed column tile: the column tiles outermost, b's share of each packed, no HOIST
+    a, b = data((64, 128)), data((128, 64), seed=1)
+    si = last_kernel(device, lambda a, b: a @ b, a, b)
+    k = Kernel(si.ast, renderer)
     k.hand_coded_optimizations()
-    assert OptOps.PADTO not in {o.op for o in k.applied_opts}
+    tile = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.PADTO, 0, 6), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 1, 0)]
+    assert k.applied_opts == tile, k.applied_opts
+    np.testing.assert_allclose(run_fenced(device, si, k).reshape(64, 64), a @ b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("device", CPU_DEVICES)
@@ -808,8 +822,12 @@ def test_a_reduce_of_one_block_runs_over_packed_panels_without_hoist(device: str
     assert OptOps.SWAP in ops and OptOps.PACK in ops and OptOps.HOIST not in ops, k.applied_opts
     got = (Tensor(a, device=device) @ Tensor(b, device=device)).numpy()
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
+    # a shorter one runs in no panels; with 16 vector registers it takes the packed column tile (each column tile's
+    # share of b packed, the 64 rows padded to 66: _packed_column_tile), with 32 its tile is packed nowhere
     k = check(device, lambda a, b: a @ b, data((64, ONE_BLOCK // 2)), data((ONE_BLOCK // 2, 512)))
-    assert OptOps.PACK not in {o.op for o in k.applied_opts}
+    ops = [o.op for o in k.applied_opts]
+    assert OptOps.SPLIT not in ops and OptOps.HOIST not in ops, k.applied_opts
+    assert (OptOps.PACK in ops) == (Device[device].renderer.vector_registers < 32), k.applied_opts
 
 
 def test_pack_is_refused_where_it_cannot_help_or_fit() -> None:

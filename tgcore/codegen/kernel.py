@@ -102,7 +102,7 @@ WIDE_ROWS = (6, 7, 5)
 # multiple of the first (PADTO) when that adds at most this share of rows
 WIDE_ROWS_PAD = 1 / 8
 # a matmul's output columns that no tile two vectors wide divides are padded to a multiple of it when that adds at
-# most this share of columns (Kernel._padded_column_tile: a 14 x 14 conv's 196 pixels -> 208)
+# most this share of columns (Kernel._packed_column_tile: a 14 x 14 conv's 196 pixels -> 208)
 COLUMN_PAD_WASTE = 1 / 16
 REDUCE_LANES = 16
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
@@ -772,9 +772,9 @@ class Kernel:
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
         contiguous = [a for a in globals_ if any(self.stride_of(ld, a) == 1 for ld in loads)]
         pack_col: Optional[int] = None  # a tile's column axis, whose gathered input _pack_gathered may pack
-        padded_col = None if self.reduce_lanes else self._padded_column_tile(broadcast, vw, budget)
-        if padded_col is not None:
-            pack_col = padded_col
+        packed_col = None if self.reduce_lanes else self._packed_column_tile(broadcast, vw, budget)
+        if packed_col is not None:
+            pack_col = packed_col
         elif not self.reduce_lanes and (len(broadcast) >= 2 or (broadcast and len(loads) >= 2)):
             # the column axis is one that the reduce's own loads read whole vectors along: an input read after the
             # reduce (a residual added to a conv's output: once per output, not per reduce step) does not choose it
@@ -842,16 +842,16 @@ class Kernel:
             amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
-        # (a padded column tile's reduce is not unrolled: 1020^3 and GPT-2's logits ran 1.2-1.7x slower unrolled by 2
+        # (a packed column tile's reduce is not unrolled: 1020^3 and GPT-2's logits ran 1.2-1.7x slower unrolled by 2
         # or 4, its 12 accumulators and the lanes of each step more than 16 registers hold)
-        unroll = padded_col is None and not self.inner_globals
+        unroll = packed_col is None and not self.inner_globals
         if self.n_reduce and unroll and self.is_concrete(self.first_upcast - 1) and not gated:
             last = _int(self.full_shape[self.first_upcast - 1])
             amount = last if last <= 4 else self._divisor(last, (2,) if self._spills(vw) else (4, 2))
             if amount and prod(self.upcast_sizes) * amount <= min(MAX_LANES, max(budget, 4)):
                 self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, amount))
         if pack_col is not None and not self.inner_globals:
-            self._pack_gathered(pack_col, padded=padded_col is not None)
+            self._pack_gathered(pack_col, contiguous=packed_col is not None)
         if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1) and not gated:
             self._more_accumulators(vw, budget)
 
@@ -1050,17 +1050,23 @@ class Kernel:
         col = cols[-1] if cols else broadcast[-1]
         return col, self._divisor(_int(self.full_shape[col]), (8, 4, 2) if vw > 1 else (4, 2))
 
-    def _padded_column_tile(self, broadcast: list[int], vw: int, budget: int) -> Optional[int]:
-        """CPU loops over a matmul whose output columns no tile two vectors wide divides (GPT-2's 50,257-word logits,
-        1000 classes, N = 1020): the columns padded to a multiple of two vectors (PADTO, at most COLUMN_PAD_WASTE more)
-        and a tile of rows as _wide_rows makes them, the rows padded too where that pays; returns the column axis
-        (its input is packed per column tile: _pack_gathered), else None with the kernel unchanged. Unpadded, such a
-        matmul had tiles along its rows or a few lanes wide: on two Zen 3 cores 128 x 768 @ (50257 x 768).T ran 26
-        GFLOP/s (150-154 padded), 1020^3 47-60 (128-160), 2040^3 98 (155), 512 x 512 @ (500 x 512).T 99-141 (83-186),
-        a 3x3 conv over 250-pixel rows 32 (38); the column tiles each over all rows, their input's block packed, ran
-        faster there than in panels blocked for the cache (_block_for_cache: 1020^3 130, 1000^3 151). A 1x1 conv at
-        14 x 14 (196 pixels -> 208) takes this tile before _wide_rows' 14 rows one vector wide: ResNet-50's 256 ->
-        1024 and 1024 -> 256 1.02-1.23x faster, EfficientNet-B0's 1.08-1.33x (each pair of kernels timed in turn)."""
+    def _packed_column_tile(self, broadcast: list[int], vw: int, budget: int) -> Optional[int]:
+        """CPU loops over a matmul-like reduce whose tile would otherwise have fewer than two vectors of columns, or too
+        few rows: a tile two vectors wide and 6 or 5 rows high (padded where none divides), the column tiles the
+        outer loop, each one's share of the input read along the columns packed (_pack_gathered), the reduce not
+        unrolled; returns the column axis, else None with the kernel unchanged. It takes
+        - output columns that no two vectors divide, padded to a multiple of them (PADTO) where that adds at most
+          COLUMN_PAD_WASTE: before, such a matmul had tiles along its rows or a few lanes wide. Two Zen 3 cores, each
+          pair of kernels timed in turn: 128 x 768 @ (50257 x 768).T, GPT-2's logits, 26 -> 150-154 GFLOP/s; 1020^3
+          47-60 -> 128-160; 2040^3 98 -> 155; 512 x 512 @ (500 x 512).T 99-141 -> 83-186; a 3x3 conv over
+          250-pixel rows 32 -> 38; 1x1 convs at 14 x 14 (196 pixels -> 208, before _wide_rows' 14 rows one vector
+          wide): ResNet-50's 1.02-1.23x faster, EfficientNet-B0's 1.08-1.33x. (Blocked for the cache instead,
+          _block_for_cache, 1020^3 ran 130 and 1000^3 151.)
+        - with 16 vector registers (AVX2), columns that two vectors divide but rows that none of WIDE_ROWS does, in a
+          kernel of one reduce axis too short to run in blocks (_will_block), where _wide_rows leaves the tile one
+          vector wide: attention's 12 x (128 x 64 @ 64 x 128) and 12 x (128 x 128 @ 128 x 64) 1.20-1.36x faster, an
+          MLP's 32 x 784 @ 784 x 64 and its backward's 1.14-1.18x, ResNet-50's 1x1 convs at 56 x 56 1.13-1.43x
+          (a conv of several reduce axes, its 7x7 stem, ran 0.6x: not taken)."""
         if vw <= 1 or self.opts.global_max is not None or not self.opts.scratch_max or len(self.reduceops) != 1:
             return None
         stored = [a for a in broadcast if self.stride_of(self.ast, a) == 1]
@@ -1068,7 +1074,7 @@ class Kernel:
             return None
         col, width = stored[0], 2 * vw
         size = _int(self.full_shape[col])
-        if size % width == 0 or size < 4 * width or -(-size // width) * width > size * (1 + COLUMN_PAD_WASTE):
+        if size < 4 * width or -(-size // width) * width > size * (1 + COLUMN_PAD_WASTE):
             return None
         inside = set(self.reduceops[0].lazyops())
         along = [ld for ld in self.loads() if ld in inside and self.stride_of(ld, col) != 0]
@@ -1079,13 +1085,18 @@ class Kernel:
         if not all(self.is_concrete(a) for a in reduce_axes):
             return None
         # (the block of a column tile must fit the scratch memory: unpacked, its padded lanes load one by one)
-        if (
-            prod(_int(self.full_shape[a]) for a in reduce_axes) * width * along[0].arg.dtype.itemsize
-            > self.opts.scratch_max
-        ):
+        block = prod(_int(self.full_shape[a]) for a in reduce_axes) * width * along[0].arg.dtype.itemsize
+        if block > self.opts.scratch_max:
             return None
         row = rows[-1]
         row_size = _int(self.full_shape[row])
+        if size % width == 0 and (
+            self.opts.vector_registers >= 32
+            or self.n_reduce != 1
+            or self._divisor(row_size, WIDE_ROWS)
+            or self._will_block(row, col, width)
+        ):
+            return None  # (the tile _optimize_reduce makes is two vectors wide, or blocked)
         if self.opts.vector_registers < 32:
             # 6 or 5 rows, else 6 padded, else 7 (14 accumulators and 3 more registers: one more than 16, spilled;
             # EfficientNet-B0's 1x1 convs at 14 x 14 with 112 output channels ran 0.63-0.65x as fast in 7 rows as in
@@ -1101,9 +1112,8 @@ class Kernel:
             return None
         saved = self.copy()
         # (the column axis keeps its place: it is longer than one tile)
-        if self._try(Opt(OptOps.PADTO, col, width)) and self._try(
-            Opt(OptOps.PADTO if pad_rows else OptOps.UPCAST, row, amount)
-        ):
+        columns = Opt(OptOps.PADTO if size % width else OptOps.UPCAST, col, width)
+        if self._try(columns) and self._try(Opt(OptOps.PADTO if pad_rows else OptOps.UPCAST, row, amount)):
             return col
         self.__dict__.update(saved.__dict__)
         return None
@@ -1193,20 +1203,20 @@ class Kernel:
         steps = prod(_int(self.full_shape[a]) for a in reduce_axes)
         return steps * columns * 4 <= self.opts.scratch_max
 
-    def _pack_gathered(self, col: int, padded: bool = False) -> None:
+    def _pack_gathered(self, col: int, contiguous: bool = False) -> None:
         """CPU loops over a matmul-like reduce whose tile columns an input holds far apart (x @ w.T, a Linear layer:
         the columns are w's rows; a conv's weights along its output channels): the column tiles become the outer loop
         and that input's block for one of them (every reduce step of the tile's columns) is packed, each element
         gathered once instead of once per row tile (x (128, 784) @ w.T (784, 512) + b on two cores: 1.5 -> 0.7 ms).
-        `padded`: the columns were padded (_padded_column_tile), so the input read along them is packed even where
-        it is contiguous: its lanes are valid one by one, and the block makes them one vector load again."""
+        `contiguous`: the tile is _packed_column_tile's, whose input read along the columns is packed even where it is
+        contiguous (padded, its lanes are valid one by one, and the block makes them one vector load again)."""
         if self.opts.global_max is not None or self.local_dims or not 0 <= col < self.first_reduce:
             return
         # (a contiguous input packs for no gain: 128x512 @ 512x512 and its transposes ran 3-15% slower packed; and an
         # input added after the reduce, as a bias, is read once per output, not per reduce step)
         inside = set(self.reduceops[0].lazyops())
         last = self.shape_len - 1
-        skip = (0,) if padded else (0, 1)
+        skip = (0,) if contiguous else (0, 1)
         gathered = [i for i, ld in enumerate(self.loads()) if ld in inside and self.stride_of(ld, last) not in skip]
         if len(gathered) != 1:
             return
