@@ -1154,6 +1154,24 @@ def test_a_conv_weight_gradient_tile_has_enough_accumulators(lanes: int, registe
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("lanes, registers", [(8, 16), (16, 32)])
+def test_a_tile_of_one_vector_and_no_rows_goes_two_vectors_wide_with_16_registers(lanes: int, registers: int) -> None:
+    """A depthwise-conv-like reduce (out[c, p] = sum_k a[c, p] * b[c, k]: no axis along which the column's loads are
+    broadcast, so no rows to add): with 16 vector registers its tile goes two vectors wide (two accumulators, each
+    broadcast value of b feeding two FMAs); with 32 it stays one vector."""
+    renderer = cpu_style_python_with_scratch(1 << 18)
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: lanes}
+    renderer.vector_registers = registers
+    a, b = data((8, 256)), data((8, 9), seed=1)
+    si = last_kernel("PYTHON", lambda a, b: (a.reshape(8, 1, 256) * b.reshape(8, 9, 1)).sum(1), a, b)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    wide = [Opt(OptOps.UPCAST, 1, lanes), Opt(OptOps.UPCAST, 1, 2)]
+    assert (k.applied_opts[:2] == wide) == (registers == 16), k.applied_opts
+    got = run("PYTHON", si, k).reshape(8, 256)
+    np.testing.assert_allclose(got, a * b.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
 def test_a_transpose_reads_its_input_in_blocks() -> None:
     """NCHW -> NHWC: the output's vectors run along the channels, which the input holds a map apart; the map's
     contiguous axis is upcast too, so each row of the input gives 8 neighbouring elements at once."""

@@ -820,7 +820,7 @@ class Kernel:
                 self._block_for_cache(row, col)
                 pack_col = col
             elif col_amount and vw > 1:
-                taken = self._more_rows(vw)
+                taken = self._more_rows(vw, col)
                 if col >= 0:  # (ResNet's 256-channel 3x3 convs at 14x14: rows of 14 outputs, weights gathered)
                     col -= taken is not None and taken < col
                     pack_col = col
@@ -988,16 +988,24 @@ class Kernel:
         along `axis` and not along `col` (a conv's weights, the same for every image of a batch)."""
         return any(self.stride_of(ld, axis) == 0 and self.stride_of(ld, col) != 0 for ld in self.loads())
 
-    def _more_rows(self, vw: int) -> Optional[int]:
+    def _more_rows(self, vw: int, col: int) -> Optional[int]:
         """A second row axis for a tile of fewer than MIN_ACCUMULATORS vector accumulators (a conv's weight gradient:
         its rows, the kernel's 3 columns, took their whole axis): each accumulator's FMAs wait on each other, so the
         tile waits on the FMA latency; more rows, along an axis that the column's loads are broadcast along, reuse
         those loads (a 16 -> 16 3x3 conv's weight gradient at batch 32, 32 x 32, on one AVX2 core: 6.4 -> 3.6 ms;
         ResNet-18's 512-channel 3x3 convs at 7 x 7, batch 2, rows of 7 outputs: two images at once, 8.9 -> 7.7 ms).
+        With 16 vector registers a tile of one vector and no rows goes two vectors wide along its column axis `col`
+        first (-1: none left), so that each broadcast value feeds two FMAs, as in _wide_rows' tiles (two Zen 3 cores,
+        each pair of kernels timed in turn: EfficientNet-B0's depthwise convs 1.3-1.8x faster, a CNN's stride-2 conv's
+        input gradient 1.7x; kernels of a few us within noise either way).
         Returns the global axis it took whole (the axes after it moved down), else None."""
         lanes = prod(self.upcast_sizes)
         if lanes % vw or lanes // vw >= MIN_ACCUMULATORS:  # (a column narrower than a vector: no vector tile)
             return None
+        if lanes == vw and self.opts.vector_registers < 32 and col >= 0:
+            size = _int(self.full_shape[col])
+            if size > 2 and size % 2 == 0 and self._try(Opt(OptOps.UPCAST, col, 2)):
+                lanes *= 2
         accumulators = lanes // vw
         # up to 14 accumulators with 16 registers (one left for the column's vector, one for a broadcast row value)
         limit = (14 if self.opts.vector_registers < 32 else 24) // accumulators
