@@ -1172,6 +1172,20 @@ def test_a_tile_of_one_vector_and_no_rows_goes_two_vectors_wide_with_16_register
     np.testing.assert_allclose(got, a * b.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_a_padded_copy_takes_its_rows_whole_in_lanes(device: str) -> None:
+    """A padded copy's rows (32 + 2: masked, so the view does not split into vectors) are upcast whole where at most
+    PADDED_ROW_LANES long, and left as loops where longer; the copy is exact either way, zeros in the border."""
+    for side, whole in ((32, True), (112, False)):
+        x = data((4, side, side))
+        si = last_kernel(device, lambda x: x.pad(((0, 0), (1, 1), (1, 1))).contiguous(), x)
+        k = Kernel(si.ast, Device[device].renderer)
+        k.hand_coded_optimizations()
+        assert (k.applied_opts == [Opt(OptOps.UPCAST, 2, 0)]) == whole, k.applied_opts
+        got = run_fenced(device, si, k).reshape(4, side + 2, side + 2)
+        np.testing.assert_array_equal(got, np.pad(x, ((0, 0), (1, 1), (1, 1))))
+
+
 def test_a_transpose_reads_its_input_in_blocks() -> None:
     """NCHW -> NHWC: the output's vectors run along the channels, which the input holds a map apart; the map's
     contiguous axis is upcast too, so each row of the input gives 8 neighbouring elements at once."""
