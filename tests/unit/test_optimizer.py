@@ -1199,6 +1199,23 @@ def test_a_transpose_reads_its_input_in_blocks() -> None:
     assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == [8, 8]
     np.testing.assert_array_equal(run("PYTHON", si, k).reshape(2, 8, 8, 16), x.transpose(0, 2, 3, 1))
 
+    # with 12 ops an element (an affine map six times over: a BatchNorm written into NHWC), the block is all: no
+    # vectors interleaved on top of it
+    def affine(x: Tensor) -> Tensor:
+        t = x.permute(0, 2, 3, 1)
+        for _ in range(6):
+            t = t * 1.5 + 0.25
+        return t
+
+    si = last_kernel("PYTHON", affine, x)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    assert [o.amount for o in k.applied_opts if o.op is OptOps.UPCAST] == [8, 8], k.applied_opts
+    want = x.transpose(0, 2, 3, 1).astype(np.float64)
+    for _ in range(6):
+        want = want * 1.5 + 0.25
+    np.testing.assert_allclose(run("PYTHON", si, k).reshape(2, 8, 8, 16), want, rtol=1e-5, atol=1e-5)
+
 
 def test_a_row_reduce_past_l2_reads_one_row_at_a_time() -> None:
     """A plain row sum or max of more than 1 MB, read in whole vectors, streams one row at a time (no upcast of the
