@@ -40,19 +40,19 @@ class DType:
         )
 
     def __hash__(self) -> int:
-        try:
-            return self._hash  # type: ignore[attr-defined,no-any-return]
-        except AttributeError:  # (unpickled: the hash is of this process's strings)
-            h = hash(self._fields())
-            object.__setattr__(self, "_hash", h)
-            return h
+        return self._hash  # type: ignore[attr-defined,no-any-return]
 
     def _fields(self) -> tuple:
         return (self.priority, self.itemsize, self.name, self.fmt, self.count)
 
     def __getstate__(self) -> dict:
-        # the cached hash is of strings, which hash differently in each process: a pickle carries the fields only
+        # the cached hash is of strings, which hash differently in each process: a pickle carries the fields only,
+        # and the hash is made again where it is unpickled
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
 
     def __repr__(self) -> str:
         if self.count > 1:

@@ -133,6 +133,11 @@ def _reduce_block(size: int) -> int:
     return step if step and size >= 2 * step else 0
 
 
+def _pads_within(size: int, multiple: int, share: float) -> bool:
+    """Whether padding `size` to a multiple of `multiple` adds at most `share` of it (PADTO's waste)."""
+    return -(-size // multiple) * multiple <= size * (1 + share)
+
+
 def _panel(tiles: int, want: int) -> int:
     """The column tiles of a panel of a kernel run in blocks for the cache: `want` (Kernel.panel_tiles), or a near count
     that divides the tiles (1040 columns: 65 tiles, 13 panels), or else PANEL_TILES or a count near it; at least two
@@ -964,7 +969,7 @@ class Kernel:
         rows = WIDE_ROWS[0]
         if size <= rows or not self._will_block(row, col, 2 * vw) or self._pad_refusal() is not None:
             return 0, False
-        return (rows, True) if -(-size // rows) * rows <= size * (1 + WIDE_ROWS_PAD) else (0, False)
+        return (rows, True) if _pads_within(size, rows, WIDE_ROWS_PAD) else (0, False)
 
     def _spills(self, vw: int) -> bool:
         """Whether the tile's vector accumulators, its column vectors and a broadcast row value need more registers
@@ -1081,40 +1086,37 @@ class Kernel:
           (a conv of several reduce axes, its 7x7 stem, ran 0.6x: not taken)."""
         if vw <= 1 or self.opts.global_max is not None or not self.opts.scratch_max or len(self.reduceops) != 1:
             return None
+        # (the cheap tests first: this runs for every reduce a CPU renderer lowers)
         stored = [a for a in broadcast if self.stride_of(self.ast, a) == 1]
-        if len(stored) != 1 or self._pad_refusal() is not None or self._gated_symbolic():
+        if len(stored) != 1:
             return None
         col, width = stored[0], 2 * vw
         size = _int(self.full_shape[col])
-        if size < 4 * width or -(-size // width) * width > size * (1 + COLUMN_PAD_WASTE):
+        divides = size % width == 0
+        if size < 4 * width or not _pads_within(size, width, COLUMN_PAD_WASTE) or budget < width * WIDE_ROWS[0]:
             return None
+        if divides and (self.opts.vector_registers >= 32 or self.n_reduce != 1):
+            return None  # (_optimize_reduce's tile is two vectors wide)
         inside = set(self.reduceops[0].lazyops())
         along = [ld for ld in self.loads() if ld in inside and self.stride_of(ld, col) != 0]
         rows = [a for a in broadcast if a != col and all(self.stride_of(ld, a) == 0 for ld in along)]
-        if len(along) != 1 or not rows or budget < width * WIDE_ROWS[0]:
-            return None
-        reduce_axes = range(self.first_reduce, self.first_reduce + self.n_reduce)
-        if not all(self.is_concrete(a) for a in reduce_axes):
+        if len(along) != 1 or not rows or (steps := self._reduce_steps()) is None:
             return None
         # (the block of a column tile must fit the scratch memory: unpacked, its padded lanes load one by one)
-        block = prod(_int(self.full_shape[a]) for a in reduce_axes) * width * along[0].arg.dtype.itemsize
-        if block > self.opts.scratch_max:
+        if steps * width * along[0].arg.dtype.itemsize > self.opts.scratch_max:
             return None
         row = rows[-1]
         row_size = _int(self.full_shape[row])
-        if size % width == 0 and (
-            self.opts.vector_registers >= 32
-            or self.n_reduce != 1
-            or self._divisor(row_size, WIDE_ROWS)
-            or self._will_block(row, col, width)
-        ):
-            return None  # (the tile _optimize_reduce makes is two vectors wide, or blocked)
+        if divides and (self._divisor(row_size, WIDE_ROWS) or self._will_block(row, col, width)):
+            return None  # (_optimize_reduce's tile is two vectors wide, or blocked)
+        if self._pad_refusal() is not None or self._gated_symbolic():
+            return None
         if self.opts.vector_registers < 32:
             # 6 or 5 rows, else 6 padded, else 7 (14 accumulators and 3 more registers: one more than 16, spilled;
             # EfficientNet-B0's 1x1 convs at 14 x 14 with 112 output channels ran 0.63-0.65x as fast in 7 rows as in
             # 14 rows one vector wide)
             amount, pad_rows = self._divisor(row_size, tuple(r for r in WIDE_ROWS if r != 7)), False
-            if not amount and -(-row_size // WIDE_ROWS[0]) * WIDE_ROWS[0] <= row_size * (1 + WIDE_ROWS_PAD):
+            if not amount and _pads_within(row_size, WIDE_ROWS[0], WIDE_ROWS_PAD):
                 amount, pad_rows = WIDE_ROWS[0], True
             amount = amount or self._divisor(row_size, (7,))
         else:
@@ -1124,7 +1126,7 @@ class Kernel:
             return None
         saved = self.copy()
         # (the column axis keeps its place: it is longer than one tile)
-        columns = Opt(OptOps.PADTO if size % width else OptOps.UPCAST, col, width)
+        columns = Opt(OptOps.UPCAST if divides else OptOps.PADTO, col, width)
         if self._try(columns) and self._try(Opt(OptOps.PADTO if pad_rows else OptOps.UPCAST, row, amount)):
             return col
         self.__dict__.update(saved.__dict__)
@@ -1206,14 +1208,19 @@ class Kernel:
         columns, unpacked, ran at 27 GFLOP/s on two AVX-512 cores; 16, packed, at 86-94; in blocks 32 wide, ~220.)"""
         if not self.opts.scratch_max or self.opts.global_max is not None or self.local_dims:
             return False
-        reduce_axes = range(self.first_reduce, self.first_reduce + self.n_reduce)
-        if not all(self.is_concrete(a) for a in reduce_axes):
+        if (steps := self._reduce_steps()) is None:
             return False  # (a block of a symbolic reduce has no size to fit the scratch memory)
         if self.first_reduce == 2 and self.n_reduce == 1 and self._hoist_refusal() is None:
             if _reduce_block(_int(self.full_shape[self.first_reduce])):
                 return True
-        steps = prod(_int(self.full_shape[a]) for a in reduce_axes)
         return steps * columns * 4 <= self.opts.scratch_max
+
+    def _reduce_steps(self) -> Optional[int]:
+        """The steps of the kernel's reduce loops together, None where one is symbolic."""
+        reduce_axes = range(self.first_reduce, self.first_reduce + self.n_reduce)
+        if not all(self.is_concrete(a) for a in reduce_axes):
+            return None
+        return prod(_int(self.full_shape[a]) for a in reduce_axes)
 
     def _pack_gathered(self, col: int, contiguous: bool = False) -> None:
         """CPU loops over a matmul-like reduce whose tile columns an input holds far apart (x @ w.T, a Linear layer:
