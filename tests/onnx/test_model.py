@@ -82,8 +82,26 @@ def test_registry_picks_the_newest_version_not_after_the_opset() -> None:
 
 def test_unsupported_op_names_op_and_opset() -> None:
     model = _model([helper.make_node("StringNormalizer", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])], opset=17)
-    with pytest.raises(UnsupportedOp, match=r"StringNormalizer \(opset 17\).*not implemented"):
+    with pytest.raises(UnsupportedOp, match=r"StringNormalizer \(opset 17\).*string tensors"):
         OnnxModel(model, check=False)(x=np.zeros(1, np.float32))
+
+
+def test_every_default_domain_operator_runs_or_is_refused_with_its_reason() -> None:
+    from tgcore.onnx.registry import REFUSED
+
+    names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in ("", "ai.onnx")}
+    assert sorted(names - set(REGISTRY)) == sorted(REFUSED)  # nothing left unexplained
+    model = _model([helper.make_node("ImageDecoder", ["x"], ["y"])], [_vi("x", [1])], [_vi("y", [1])], opset=20)
+    with pytest.raises(UnsupportedOp, match=r"ImageDecoder \(opset 20\).*image codec"):
+        OnnxModel(model, check=False)(x=np.zeros(1, np.float32))
+
+
+def test_a_model_of_other_domains_only_names_them() -> None:
+    node = helper.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml")
+    graph = helper.make_graph([node], "g", [_vi("x", [2])], [_vi("y", [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(Exception, match=r"imports 'ai.onnx.ml' version 1\); its nodes use ai.onnx.ml.Binarizer"):
+        OnnxModel(model, check=False)
 
 
 def test_missing_input_is_a_clear_error() -> None:

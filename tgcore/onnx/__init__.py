@@ -53,7 +53,13 @@ def _opset_of(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in _DEFAULT_DOMAINS:
             return imp.version
-    raise OnnxError("the model imports no opset of the default ONNX domain")
+    imported = ", ".join(f"{imp.domain!r} version {imp.version}" for imp in model.opset_import) or "none"
+    foreign = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain not in _DEFAULT_DOMAINS})
+    uses = f"; its nodes use {', '.join(foreign[:8])}{' ...' if len(foreign) > 8 else ''}" if foreign else ""
+    raise OnnxError(
+        f"the model imports no opset of the default ONNX domain (it imports {imported}){uses}: tgcore runs the "
+        "operators of ONNX's default domain only"
+    )
 
 
 def _is_dtype_refusal(e: TypeError) -> bool:

@@ -33,10 +33,19 @@ def op(op_type: str, *since: int) -> Callable[[OpFn], OpFn]:
     return register
 
 
+# the operators of ONNX's default domain that tgcore does not run, and why (every other one is in REGISTRY)
+_STRINGS = "it works on string tensors, which tgcore has no dtype for (numbers only)"
+REFUSED: dict[str, str] = {
+    "ImageDecoder": "it decodes encoded image bytes (JPEG, PNG, BMP, WebP, ...), which needs an image codec that "
+    "tgcore does not include: decode the image before the model and feed it the pixels",
+    **{name: _STRINGS for name in ("RegexFullMatch", "StringConcat", "StringNormalizer", "StringSplit")},
+}
+
+
 def lookup(op_type: str, opset: int) -> OpFn:
     versions = REGISTRY.get(op_type)
     if not versions:
-        raise UnsupportedOp(op_type, opset, "not implemented yet")
+        raise UnsupportedOp(op_type, opset, REFUSED.get(op_type, "not an operator of ONNX's default domain"))
     usable = [v for v in versions if v <= opset]
     if not usable:
         raise UnsupportedOp(op_type, opset, f"implemented only from opset {min(versions)} on")
