@@ -26,13 +26,10 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard, TypeVar
-
-from tqdm import tqdm
 
 try:
     import fcntl
@@ -895,6 +892,11 @@ def fetch(
         fp = pathlib.Path(_cache_dir) / "tgcore" / "downloads" / file_name
     if fp.is_file() and allow_caching:
         return fp
+    # (imported here: http.client, ssl and tqdm cost every `import tgcore` ~50 ms otherwise)
+    import urllib.request
+
+    from tqdm import tqdm
+
     with urllib.request.urlopen(url, timeout=10) as response:
         status = getattr(response, "status", None)
         if status not in (None, 200):

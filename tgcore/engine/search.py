@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
-from tqdm import tqdm  # type: ignore[import-untyped]
 
 from tgcore.codegen.kernel import Kernel, KernelOptError, Opt, OptOps
 from tgcore.codegen.program import to_program
@@ -188,6 +187,8 @@ def beam_search(k: Kernel, device: str, amount: int) -> Kernel:
     bufs = _random_buffers(k, device)
     if bufs is None:
         return _heuristic(k)
+    from tqdm import tqdm  # type: ignore[import-untyped]  # (here, not with every realize: ~30 ms)
+
     timer = _Timer(device, bufs)
     start = time.perf_counter()
     deadline = start + getenv("BEAM_TIMEOUT", 60.0)
