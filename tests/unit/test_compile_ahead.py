@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import pytest
 
-from tgcore import Device, Tensor, plugin
+from tgcore import Device, Tensor, dtypes, plugin
 from tgcore.codegen import kernel as kernel_module
 from tgcore.codegen.program import to_program
 from tgcore.engine import realize
@@ -162,19 +162,44 @@ def test_compiling_ahead_from_several_threads_at_once(cold: None) -> None:
 
 
 @pytest.mark.parametrize("device", _devices())
-def test_a_fused_random_kernel_gets_few_lanes_and_the_same_numbers(device: str) -> None:
-    """randn's Threefry and Box-Muller fused into a max: ~520 ops a lane, so at most LONG_KERNEL_LANES lanes (16 or
-    32 made 200-380k characters of C and 1.2-3 s of gcc); the max equals the max of the same draw made alone."""
-    Tensor.manual_seed(11)
-    alone = Tensor.randn(64, 64, device=device).numpy()
-    Tensor.manual_seed(11)
-    fused = Tensor.randn(64, 64, device=device).max()
+def test_a_long_fused_kernel_gets_few_lanes_and_the_same_numbers(device: str) -> None:
+    """~380 integer ops a lane fused into a max (a balanced sum of 128 terms x * c - d): more than LONG_KERNEL_OPS,
+    so at most LONG_KERNEL_LANES lanes (16 or 32 lanes of randn's old 520-op kernel made 200-380k characters of C
+    and 1.2-3 s of gcc); the max equals numpy's."""
+    xn = np.arange(64 * 64, dtype=np.int32).reshape(64, 64) - 2000
+    x = Tensor(xn, device=device)
+    terms = [x * (i % 5 + 1) - i for i in range(128)]
+    want = [xn * np.int32(i % 5 + 1) - np.int32(i) for i in range(128)]
+    while len(terms) > 1:
+        terms = [a + b for a, b in zip(terms[::2], terms[1::2])]
+        want = [a + b for a, b in zip(want[::2], want[1::2])]
+    fused = terms[0].max()
     schedule = fused.schedule()
     reduces = [si for si in schedule if si.ast.op is BufferOps.STORE and si.ast.lazyops()]
     first = realize.get_kernel(Device[device].renderer, reduces[0].ast, device)
     ops = sum(1 for x in reduces[0].ast.lazyops() if not isinstance(x.op, (BufferOps, kernel_module.ReduceOps)))
     assert ops > kernel_module.LONG_KERNEL_OPS
     assert prod(first.upcast_sizes) <= kernel_module.LONG_KERNEL_LANES, first.applied_opts
+    realize.run_schedule(schedule)
+    assert fused.item() == want[0].max()
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_random_words_are_a_kernel_of_their_own_and_fuse_the_same_numbers(device: str) -> None:
+    """randn's Threefry words are computed in a kernel of their own, (2, n / 2): each counter's rounds once for its
+    two words (Kernel._shared_lanes), then read by what uses them; a max over a draw equals the max of the same draw
+    made alone."""
+    Tensor.manual_seed(11)
+    alone = Tensor.randn(64, 64, device=device).numpy()
+    Tensor.manual_seed(11)
+    fused = Tensor.randn(64, 64, device=device).max()
+    schedule = fused.schedule()
+    kernels = [si for si in schedule if si.ast.op is BufferOps.STORE]
+    words = [si for si in kernels if si.outputs[0].shape == (2, 64 * 64)]  # (two uniform draws of 64 x 64 a word)
+    assert len(words) == 1 and words[0].outputs[0].dtype == dtypes.uint32
+    k = realize.get_kernel(Device[device].renderer, words[0].ast, device)
+    if Device[device].renderer.vector_widths.get(dtypes.float32, 1) > 1:
+        assert kernel_module.Opt(kernel_module.OptOps.UPCAST, 0, 2) in k.applied_opts, k.applied_opts
     realize.run_schedule(schedule)
     assert fused.item() == alone.max()
 

@@ -509,8 +509,9 @@ def test_a_model_trained_through_padded_tiles_matches_numpy(
     si = forward(tensors, Tensor(x, device=device))[0].schedule()[-1]  # the first layer's kernel: padded rows
     assert Opt(OptOps.PADTO, 0, 6) in get_kernel(Device[device].renderer, si.ast).applied_opts
     si = forward(tensors, Tensor(x, device=device))[1].schedule()[-1]  # the second's: its columns padded or not
-    padded = Opt(OptOps.PADTO, 1, 16) in get_kernel(Device[device].renderer, si.ast).applied_opts
-    assert padded == (outputs % 16 != 0)
+    opts = get_kernel(Device[device].renderer, si.ast).applied_opts
+    padded = [o.amount for o in opts if o.op is OptOps.PADTO and o.axis == 1]  # (to two vectors: 16 or 32 floats)
+    assert padded == ([2 * Device[device].renderer.vector_widths[dtypes.float32]] if outputs == 500 else []), opts
     ref = [p.astype(np.float64) for p in params]
     for _ in range(3):
         loss = ((forward(tensors, Tensor(x, device=device))[1] - Tensor(y, device=device)) ** 2).mean()
@@ -1248,3 +1249,109 @@ def test_row_reduces_past_l2_agree_with_numpy_and_the_plain_kernel(device: str) 
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
         plain = run(device, si, Kernel(si.ast, Device[device].renderer))
         assert same(got, plain), (axis_op, k.applied_opts)
+
+
+def _depthwise(x: Tensor, w: Tensor, stride: int) -> Tensor:
+    return x.conv2d(w, groups=x.shape[1], stride=stride, padding=1)
+
+
+@pytest.mark.parametrize("device", ["PYTHON", *CPU_DEVICES])
+@pytest.mark.parametrize("side, stride, lanes", [(24, 1, 24), (48, 2, 24), (80, 1, 40)])
+def test_a_depthwise_conv_takes_its_output_rows_whole_in_lanes(device: str, side: int, stride: int, lanes: int) -> None:
+    """A depthwise 3x3 conv over a padded (masked) input on CPU loops: its output row goes into lanes whole (up to
+    PADDED_ROW_LANES, else the largest divisor of whole vectors within it: 80 -> 40) and the window's last axis is
+    unrolled; the results are numpy's, nothing is written past the output."""
+    renderer = cpu_style_python() if device == "PYTHON" else Device[device].renderer
+    if device == "PYTHON":
+        renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    vw = renderer.vector_widths.get(dtypes.float32, 1)
+    x, w = data((1, 6, side, side)), data((6, 1, 3, 3), seed=1)
+    si = last_kernel(device, lambda x, w: _depthwise(x, w, stride), x, w)
+    k = Kernel(si.ast, renderer)
+    k.hand_coded_optimizations()
+    if vw > 1 and lanes % vw == 0 and lanes >= 2 * vw:
+        assert k.applied_opts == [Opt(OptOps.UPCAST, 2, lanes), Opt(OptOps.UNROLL, 1, 3)], k.applied_opts
+    out = side // stride
+    got = (run if device == "PYTHON" else run_fenced)(device, si, k).reshape(1, 6, out, out)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).astype(np.float64)
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::stride, ::stride]
+    want = np.einsum("ncyxij,cij->ncyx", windows, w[:, 0].astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_over_channels_or_a_max_pool_does_not_take_whole_rows() -> None:
+    """A 3x3 conv that sums over 4 channels too (36 steps: ResNet-like, its input reused along the output channels)
+    and a max pool over a padded input keep their tiles: whole rows in lanes made ResNet's 3x3 convs 5-7x slower."""
+    renderer = cpu_style_python()
+    renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    x, w = data((1, 4, 24, 24)), data((8, 4, 3, 3), seed=1)
+    conv = last_kernel("PYTHON", lambda x, w: x.conv2d(w, padding=1), x, w)
+    pool = last_kernel("PYTHON", lambda x: x.pad2d((1, 1, 1, 1), value=float("-inf")).max_pool2d(3, 1), x)
+    for si in (conv, pool):
+        k = Kernel(si.ast, renderer)
+        k.hand_coded_optimizations()
+        assert not any(o.op is OptOps.UPCAST and o.amount == 24 for o in k.applied_opts), k.applied_opts
+
+
+def _chain(t: Tensor) -> Tensor:
+    for i in range(12):  # 36 ops, each lane the same along the rows
+        t = (t * 1.0009765625 + 0.5) * (0.25 + 0.0625 * (i % 3))
+    return t
+
+
+@pytest.mark.parametrize("device", ["PYTHON", *CPU_DEVICES])
+def test_lanes_along_an_axis_that_most_ops_share_compute_them_once(device: str) -> None:
+    """An elementwise kernel whose ops, most of them, read nothing that changes along a short axis (2 rows picking
+    either of two results of one long chain: how random words are drawn) takes that axis whole into lanes, so the
+    linearizer computes the chain once for both; a kernel whose chain reads a different value in each row does not."""
+    renderer = Device[device].renderer
+    if device == "PYTHON":
+        renderer = cpu_style_python()
+        renderer.vector_widths = {**renderer.vector_widths, dtypes.float32: 8}
+    x, rows = data((64,)), np.array([[False], [True]])
+    shared = last_kernel(device, lambda x, r: r.expand(2, 64).where(_chain(x) * 3.0, _chain(x)), x, rows)
+    k = Kernel(shared.ast, renderer)
+    k.hand_coded_optimizations()
+    assert Opt(OptOps.UPCAST, 0, 2) == k.applied_opts[0], k.applied_opts
+    muls = [u for u in to_program(k).uops if u.op is UOps.ALU and u.arg is BinaryOps.MUL and u.dtype != dtypes.int32]
+    lanes = prod(k.upcast_sizes) // 2  # (the lanes along the rows' axis, of each of the two rows)
+    assert len(muls) <= (24 + 1) * max(lanes, 1), len(muls)  # the chain's 24 products once, then the row's * 3
+    with Context(NOOPT=1):
+        plain = Kernel(shared.ast, renderer)
+    assert same(run(device, shared, k), run(device, shared, plain))
+    ref = x.astype(np.float32)
+    for i in range(12):
+        scale = np.float32(0.25 + 0.0625 * (i % 3))
+        ref = ((ref * np.float32(1.0009765625) + np.float32(0.5)) * scale).astype(np.float32)
+    np.testing.assert_allclose(run(device, shared, k).reshape(2, 64), np.stack([ref, ref * 3]), rtol=1e-6)
+    varying = last_kernel(device, lambda x: _chain(x), data((2, 64)))
+    k = Kernel(varying.ast, renderer)
+    k.hand_coded_optimizations()
+    assert Opt(OptOps.UPCAST, 0, 2) not in k.applied_opts, k.applied_opts
+
+
+@pytest.mark.parametrize("device", [d for d in CPU_DEVICES if getattr(Device[d].renderer, "vector_uops", False)])
+def test_a_reduce_of_many_scalar_ops_is_no_lane_reduce(device: str) -> None:
+    """A row sum whose body has a few scalar ops (bit ops on each element's bits) takes more than LANE_SCALAR_OPS of
+    them in REDUCE_LANES lanes: it is no lane reduce (each lane would repeat them: randn's Box-Muller into a max
+    made 270k characters of C); a plain row sum, and one with a single scalar op, stay lane reduces. Sums as numpy's."""
+    x = data((8, 1024))
+    plain = last_kernel(device, lambda x: x.sum(1), x)
+
+    def bits(t: Tensor) -> Tensor:  # 6 scalar ops an element: 3 shifts, and, or, a cast from int
+        u = t.bitcast(dtypes.uint32)
+        return ((u >> 9) & 0xFF | (u >> 3) | (u >> 20)).cast(dtypes.float32)
+
+    heavy = last_kernel(device, lambda x: bits(x).sum(1), x)
+    light = last_kernel(device, lambda x: (x.bitcast(dtypes.uint32) >> 9).cast(dtypes.float32).sum(1), x)
+    renderer = Device[device].renderer
+    assert Kernel(plain.ast, renderer).reduce_lanes == 16
+    assert Kernel(light.ast, renderer).reduce_lanes == 16
+    assert Kernel(heavy.ast, renderer).reduce_lanes == 0
+    k = Kernel(heavy.ast, renderer)
+    k.hand_coded_optimizations()
+    # (and few lanes: its scalar ops in them at most LANE_SCALAR_OPS, LONG_KERNEL_LANES allowed whatever they are)
+    assert prod(k.upcast_sizes) <= 9, k.applied_opts
+    u = x.view(np.uint32)
+    want = (((u >> 9) & 0xFF | (u >> 3) | (u >> 20)).astype(np.float64)).sum(1)
+    np.testing.assert_allclose(run(device, heavy, k), want, rtol=1e-6)

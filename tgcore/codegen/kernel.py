@@ -109,6 +109,15 @@ COLUMN_PAD_WASTE = 1 / 16
 # gcc against 0.07 unrolled, for 0.15 ms a run)
 PADDED_ROW_LANES = 64
 REDUCE_LANES = 16
+# an elementwise kernel's global axis at most this long, along which most of its ops read nothing that changes, goes
+# whole into lanes (Kernel._shared_lanes: the lanes share those ops)
+SHARED_LANES = 4
+# a reduce whose body has scalar ops (not computed on whole vectors: bit ops, libm calls) is a lane reduce only where
+# those ops, once per lane, come to at most this many (Kernel._split_lanes)
+LANE_SCALAR_OPS = 64
+# a window reduce of at most this many steps (a 5 x 5 window over one channel: a depthwise conv) over a padded input
+# takes a whole output row in lanes (Kernel._window_rows)
+WINDOW_STEPS = 25
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
 # adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
 # compensated sum by a few ulps whatever n. It costs three adds per term (4-8% of a 64 MB sum here); a row of 4096
@@ -162,6 +171,10 @@ def dtype_of(op: LazyOp) -> DType:
     if op.op in (BinaryOps.CMPLT, BinaryOps.CMPEQ):
         return dtypes.bool
     return dtype_of(op.src[-1])
+
+
+def _is_alu(op: LazyOp) -> bool:
+    return isinstance(op.op, (UnaryOps, BinaryOps, TernaryOps))
 
 
 def is_vector_bits_op(op: LazyOp) -> bool:
@@ -442,6 +455,10 @@ class Kernel:
             return  # (a matmul or conv is tiled: each output of a tile reuses the loads of the others)
         if not any(self.stride_of(ld, axis) == 1 for ld in self.loads()):
             return  # (a reduce across rows: neighbouring outputs fill the vectors instead)
+        if self._scalar_ops(self.reduceops[0].lazyops()) * lanes > LANE_SCALAR_OPS:
+            # (scalar ops in every lane: randn's Box-Muller (11 bit ops) into a max made 270k characters of C, 1.6 s
+            # of gcc, and ran 30 ms for 1M values)
+            return
         self._split(axis, lanes, self.shape_len)
         self.upcasted, self.reduce_lanes = 1, lanes
 
@@ -764,18 +781,32 @@ class Kernel:
         of thousands of uops (87k, 38 s of a C compiler's time, for no speed: it spills the registers anyway). An op
         after a reduce that a vector renderer computes on whole vectors (a Linear layer's bias and GELU) is rendered
         once a vector, not once a lane: it counts as 1/vw of one (GELU after 128x768 @ 768x3072 held the tile to 4 x
-        32 lanes: 2.8 -> 3.x ms on two AVX-512 cores)."""
+        32 lanes: 2.8 -> 3.x ms on two AVX-512 cores). On a vector renderer, the scalar ops among them (bit ops,
+        libm calls: once per lane, each lane taken out of its vector and put back) come to at most LANE_SCALAR_OPS
+        (but LONG_KERNEL_LANES lanes are always allowed): randn's Box-Muller into a max (11 scalar ops) took 16 lanes,
+        82k characters of C and 0.29 s of gcc, in 4 lanes ~0.1 s, as fast."""
         ops = [x for x in self.ast.lazyops() if not isinstance(x.op, (BufferOps, ReduceOps))]
         inside = set(self.reduceops[0].lazyops()) if self.reduceops else set(ops)
         vw = self._vector_width() if self.opts.vector_uops else 1
         cost = sum(1 if x in inside or not self._vector_op(x) else 1 / vw for x in ops)
         budget = max(1, int(LANE_OPS // max(cost, 1)))
+        if scalar := self._scalar_ops(ops):
+            budget = min(budget, max(LONG_KERNEL_LANES, LANE_SCALAR_OPS // scalar))
         return min(budget, LONG_KERNEL_LANES) if len(ops) > LONG_KERNEL_OPS else budget
+
+    def _scalar_ops(self, nodes: list[LazyOp]) -> int:
+        """How many of the ALU `nodes` a vector renderer computes lane by lane (0 on a renderer without vector UOps:
+        there every op is)."""
+        if not self.opts.vector_uops:
+            return 0
+        return sum(1 for x in nodes if _is_alu(x) and not self._vector_op(x))
 
     def _optimize_reduce(self, globals_: list[int], vw: int) -> None:
         loads = self.loads()
         budget = self._lane_budget()
         gated = self._gated_symbolic()  # (its lanes stay the lane reduce's: no more upcasts, no unroll)
+        if not gated and self._window_rows(globals_, vw, budget):
+            return
         # a matmul-like reduce: global axes along which some input is broadcast (each output of the tile reuses
         # the loads of the others); the one contiguous in another input becomes the vector axis
         broadcast = [a for a in globals_ if any(self.stride_of(ld, a) == 0 for ld in loads)]
@@ -863,6 +894,35 @@ class Kernel:
             self._pack_gathered(pack_col, contiguous=packed_col is not None)
         if self.n_reduce and not self.inner_globals and not self.is_concrete(self.first_upcast - 1) and not gated:
             self._more_accumulators(vw, budget)
+
+    def _window_rows(self, globals_: list[int], vw: int, budget: int) -> bool:
+        """A depthwise conv on CPU loops: a SUM over a short window (at most WINDOW_STEPS steps, no channels) of a
+        padded input (a masked load) that no output position shares with another (nothing to reuse along a tile's
+        rows). Its output row goes whole into lanes (up to PADDED_ROW_LANES, else the largest divisor of whole vectors
+        within that), the window's last axis unrolled: the mask falls on the row's two ends instead of on every tile
+        of 8 x 14 outputs (two Zen 3 cores, each pair of kernels timed in turn: EfficientNet-B0's 3x3 depthwise convs
+        at 112 x 112 -> 56 x 56 and at 56 x 56 1.1-1.7x, 1.4x, a 32-channel one at 112 x 112 1.5x). A conv summing
+        over channels too (ResNet's 3x3: 5-7x slower so) and a max pool do not take it. Returns whether it did."""
+        if self.opts.global_max is not None or vw <= 1 or self.reduce_lanes or not globals_:
+            return False
+        if len(self.reduceops) != 1 or self.reduceops[0].op is not ReduceOps.SUM or self.inner_globals:
+            return False
+        if (steps := self._reduce_steps()) is None or steps > WINDOW_STEPS or self.n_reduce < 2:
+            return False
+        row = globals_[-1]
+        if row != self.first_reduce - 1 or self.stride_of(self.ast, row) != 1:
+            return False  # (the output's row is the innermost global axis)
+        inside = set(self.reduceops[0].lazyops())
+        padded = [ld for ld in self.loads() if ld in inside and any(v.mask is not None for v in self.sts[ld].views)]
+        if not padded or any(self.stride_of(ld, a) == 0 for ld in padded for a in globals_):
+            return False
+        size, last = _int(self.full_shape[row]), _int(self.full_shape[self.first_upcast - 1])
+        lanes = size if size <= PADDED_ROW_LANES else self._divisor(size, tuple(range(PADDED_ROW_LANES, vw, -vw)))
+        if lanes < 2 * vw or lanes * last > max(budget, 1) or not self._try(Opt(OptOps.UPCAST, row, lanes)):
+            return False
+        if last <= 5:
+            self._try(Opt(OptOps.UNROLL, self.n_reduce - 1, last))
+        return True
 
     def _streamed_rows(self, vw: int) -> bool:
         """Whether this is a plain row reduce that a CPU streams best one row at a time: one SUM or MAX of one input
@@ -1267,7 +1327,8 @@ class Kernel:
         # (an index that every lane along the vector axis shares is computed once a vector: its ops do not count)
         nodes = out.lazyops()
         shared = self._shared_index_ops(nodes, contiguous[-1]) if contiguous else set()
-        alu = [x for x in nodes if isinstance(x.op, (UnaryOps, BinaryOps, TernaryOps)) and x not in shared]
+        alu = [x for x in nodes if _is_alu(x) and x not in shared]
+        self._shared_lanes(globals_, alu)
         if self.opts.vector_uops and not all(map(self._vector_op, alu)):
             return  # lanes of a scalar op (a libm call, a compare) only make the kernel longer to compile
         amount = self._divisor(_int(self.full_shape[contiguous[-1]]), (vw, 4, 2)) if contiguous else 0
@@ -1303,6 +1364,34 @@ class Kernel:
             # the whole row in lanes, which needs no split (two Zen 3 cores, each pair of kernels timed in turn: a CNN's
             # padded copies of (512, 32, 32) 1.8-3.5x faster, EfficientNet-B0's 2.7-3.9x)
             self._try(Opt(OptOps.UPCAST, contiguous[-1], 0))
+
+    def _shared_lanes(self, globals_: list[int], alu: list[LazyOp]) -> None:
+        """An elementwise kernel whose ops, most of them, read nothing that changes along a short global axis (at most
+        SHARED_LANES long): that axis goes whole into lanes, so its lanes compute those ops once (equal uops are one)
+        and differ only where they must. Random draws are such a kernel: the 20 rounds of Threefry per counter, then a
+        pick of one of its two words ((2, n / 2) outputs): 2.4M uint32 words 18 -> 9 ms on two Zen 3 cores."""
+        if len(alu) < HEAVY_ELEMENTWISE:
+            return
+        for axis in globals_:
+            size = _int(self.full_shape[axis])
+            if not 1 < size <= SHARED_LANES:
+                continue
+            invariant: dict[LazyOp, bool] = {}
+            for x in alu:
+                self._invariant_along(x, axis, invariant)
+            if sum(invariant[x] for x in alu) * 4 >= len(alu) * 3:
+                self._try(Opt(OptOps.UPCAST, axis, size))
+                return
+
+    def _invariant_along(self, x: LazyOp, axis: int, memo: dict[LazyOp, bool]) -> bool:
+        """Whether AST node `x` has one value along global `axis`: it reads only loads broadcast along it."""
+        if (known := memo.get(x)) is not None:
+            return known
+        ok = (x.op is not BufferOps.LOAD or self.stride_of(x, axis) == 0) and all(
+            self._invariant_along(y, axis, memo) for y in x.src
+        )
+        memo[x] = ok
+        return ok
 
     def _shared_index_ops(self, nodes: list[LazyOp], axis: int) -> set[LazyOp]:
         """Those of the kernel's `nodes` in a gathered load's index expression whose loads are all broadcast along
