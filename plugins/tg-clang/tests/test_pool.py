@@ -57,6 +57,19 @@ def test_many_vals_and_the_most_the_pool_takes(program: ClangProgram) -> None:
     np.testing.assert_array_equal(_run(program, 500, 8, 2, MAX_VALS), 5 + np.arange(500))
 
 
+def test_idle_workers_stop_spinning(program: ClangProgram) -> None:
+    """After a job the workers spin (pauses, then yields) for at most 0.5 ms, then sleep: a process whose kernels have
+    stopped uses no CPU. Over 0.3 s of idling (after 0.1 s of grace) its CPU time stays far below the wall time that
+    3 spinning workers would burn."""
+    import time
+
+    np.testing.assert_array_equal(_run(program, 1000, 8, 4), 5 + np.arange(1000))
+    time.sleep(0.1)
+    cpu = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - cpu < 0.05
+
+
 def test_callers_on_several_threads_at_once(program: ClangProgram) -> None:
     # one job at a time goes to the pool; a caller that finds it busy runs its parts itself
     failures: list[str] = []
