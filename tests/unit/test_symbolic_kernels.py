@@ -317,6 +317,8 @@ def test_a_symbolic_outer_loop_is_split_across_threads(device: str, monkeypatch:
     """A big kernel whose outermost loop is a dynamic batch runs in parts of range(the batch's bound), each part its
     share of the batch at run time: every value, also below the number of threads, gets each row once."""
     monkeypatch.setenv("TGCORE_THREADS", "3")
+    renderer = Device[device].renderer  # (LLVM's threads start at 4M units of work: this kernel has 442K elements)
+    monkeypatch.setattr(renderer, "thread_min_work", min(renderer.thread_min_work, 1 << 16))
     step = TinyJit(lambda x: _build_elementwise(x).realize())
     for n in (16, 1, 5, 2, 16, 7, 1):
         x = data((n, 3, 96, 96), n)

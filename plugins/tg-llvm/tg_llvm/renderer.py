@@ -240,6 +240,10 @@ class LLVMRenderer(Renderer):
     has_shared = False
     supports_float4 = False
     threads = True  # the core splits a big kernel's outermost loop across the host's cores (two more DEFINE_VARs)
+    # from this much work on (plugin.py): the core's Python threads run the parts, a hand-off of 30-60 us, which kernels
+    # below ~4M units lost to (on two Zen 4 cores, one thread against two: 128 x 128 matmul 43 against 75-81 us, 1M sum
+    # 142 against 175, 256K exp 147 against 167; 4M sum 376-410 against 309-324, 1M exp 447 against 319-335)
+    thread_min_work = 1 << 22
     scratch_max = 256 * 1024  # PACK blocks: stack arrays (alloca) of the calling thread
     fused_mulacc = True  # float32 / float64 MULACC is llvm.fma: a float SUM of products runs on FMA instructions
     # vector uops as LLVM vector types, as wide as the host's vector registers: the optimizer's register tiles
