@@ -26,8 +26,9 @@ from tgcore.onnx import ops_random as _ops_random  # noqa: F401 (registers the o
 from tgcore.onnx import ops_recent as _ops_recent  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_text as _ops_text  # noqa: F401 (registers the operators)
+from tgcore.onnx import ops_training as _ops_training  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import NotSymbolic, OnnxError, UnsupportedOp
-from tgcore.onnx.registry import REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
+from tgcore.onnx.registry import DOMAINS, REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
 from tgcore.shape.symbolic import Variable
 from tgcore.tensor import Tensor
 
@@ -49,16 +50,24 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
+def _domain_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The versions the model imports of the other domains tgcore runs (registry.DOMAINS), by domain."""
+    return {imp.domain: imp.version for imp in model.opset_import if imp.domain in DOMAINS and imp.domain}
+
+
 def _opset_of(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in _DEFAULT_DOMAINS:
             return imp.version
+    others = _domain_opsets(model)
+    if others and all(n.domain in others for n in model.graph.node):
+        return 1  # (a model of another domain's operators only, such as a training step: no default-domain node)
     imported = ", ".join(f"{imp.domain!r} version {imp.version}" for imp in model.opset_import) or "none"
     foreign = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain not in _DEFAULT_DOMAINS})
     uses = f"; its nodes use {', '.join(foreign[:8])}{' ...' if len(foreign) > 8 else ''}" if foreign else ""
     raise OnnxError(
         f"the model imports no opset of the default ONNX domain (it imports {imported}){uses}: tgcore runs the "
-        "operators of ONNX's default domain only"
+        f"operators of ONNX's default domain and of {', '.join(repr(d) for d in DOMAINS if d)} only"
     )
 
 
@@ -70,8 +79,9 @@ def _is_dtype_refusal(e: TypeError) -> bool:
 class _Graph:
     """Runs one GraphProto node by node; subgraphs (If) run through the same loop with the outer values visible."""
 
-    def __init__(self, opset: int, device: str, known: Known) -> None:
+    def __init__(self, opset: int, device: str, known: Known, domains: Optional[dict[str, int]] = None) -> None:
         self.opset, self.device, self.known = opset, device, known
+        self.domains = domains or {}  # the other domains' imported versions (registry.DOMAINS)
 
     def run(self, graph: onnx.GraphProto, values: dict[str, Tensor]) -> list[Tensor]:
         env = dict(values)
@@ -80,14 +90,23 @@ class _Graph:
                 arr = numpy_helper.to_array(init)
                 env[init.name] = self.known.put(to_tensor(arr, self.device), arr)
         for node in graph.node:
-            if node.domain not in _DEFAULT_DOMAINS:
-                raise UnsupportedOp(node.op_type, None, f"domain {node.domain!r} is not supported, only ONNX's default")
-            fn = lookup(node.op_type, self.opset)
+            opset = self.opset
+            if node.domain in _DEFAULT_DOMAINS:
+                fn = lookup(node.op_type, opset)
+            elif node.domain in self.domains:
+                opset = self.domains[node.domain]
+                fn = lookup(node.op_type, opset, node.domain)
+            else:
+                supported = ", ".join(repr(d) for d in DOMAINS if d)
+                why = f"domain {node.domain!r} is not supported, only ONNX's default and {supported}"
+                if node.domain in DOMAINS:
+                    why = f"the model does not import domain {node.domain!r}, which its node uses"
+                raise UnsupportedOp(node.op_type, None, why)
             try:
                 inputs = [env[i] if i else None for i in node.input]
             except KeyError as e:
                 raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
-            n = Node(node.op_type, self.opset, inputs, _attrs(node), self.device, len(node.output), self.known)
+            n = Node(node.op_type, opset, inputs, _attrs(node), self.device, len(node.output), self.known)
             n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
             if self.known.symbolic:  # (walking with symbolic sizes: only where the node is known to take them)
                 if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
@@ -141,7 +160,7 @@ class OnnxModel:
             raise TypeError(f"OnnxModel takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
         if check:  # (by path where there is one: the checker finds external data files from the model's folder)
             onnx.checker.check_model(model if path is None else path)
-        self.proto, self.opset = model, _opset_of(model)
+        self.proto, self.opset, self.domains = model, _opset_of(model), _domain_opsets(model)
         self.device = Device.canonicalize(device)
         self.known = Known()
         graph = model.graph
@@ -281,7 +300,8 @@ class OnnxModel:
         """The graph's outputs (lazy) for the given inputs, and what it knew of their values on the host."""
         known = Known(self.known)
         known.symbolic = symbolic
-        return _Graph(self.opset, self.device, known).run(self.proto.graph, {**self.initializers, **given}), known
+        graph = _Graph(self.opset, self.device, known, self.domains)
+        return graph.run(self.proto.graph, {**self.initializers, **given}), known
 
 
 # the input signatures whose kernels an OnnxModel keeps recorded at once
@@ -352,4 +372,5 @@ def run_node(
     dev = Device.canonicalize(device)
     env = {name: to_tensor(np.asarray(v), dev) for name, v in zip(node.input, inputs) if name}
     graph = helper.make_graph([node], "node", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output])
-    return [to_numpy(t) for t in _Graph(opset, dev, Known()).run(graph, env)]
+    others = {d: 1 for d in DOMAINS if d}  # (the other domains at version 1, the only one each has)
+    return [to_numpy(t) for t in _Graph(opset, dev, Known(), others).run(graph, env)]

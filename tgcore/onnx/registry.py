@@ -18,16 +18,20 @@ from tgcore.tensor import Tensor
 Result = Union[Tensor, None, Sequence[Optional[Tensor]]]
 OpFn = Callable[["Node"], Result]
 
-# op_type -> {since_version: implementation}
+# op_type -> {since_version: implementation}: ONNX's default domain
 REGISTRY: dict[str, dict[int, OpFn]] = {}
+# the other domains tgcore runs: domain -> its own registry of the same form
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+DOMAINS: dict[str, dict[str, dict[int, OpFn]]] = {"": REGISTRY, TRAINING_DOMAIN: {}}
 
 
-def op(op_type: str, *since: int) -> Callable[[OpFn], OpFn]:
-    """Register `fn` for op_type at each since_version: a model of opset v gets the newest one with since <= v."""
+def op(op_type: str, *since: int, domain: str = "") -> Callable[[OpFn], OpFn]:
+    """Register `fn` for op_type of `domain` (default: ONNX's) at each since_version: a model importing version v of
+    the domain gets the newest one with since <= v."""
 
     def register(fn: OpFn) -> OpFn:
         for v in since or (1,):
-            REGISTRY.setdefault(op_type, {})[v] = fn
+            DOMAINS[domain].setdefault(op_type, {})[v] = fn
         return fn
 
     return register
@@ -42,9 +46,11 @@ REFUSED: dict[str, str] = {
 }
 
 
-def lookup(op_type: str, opset: int) -> OpFn:
-    versions = REGISTRY.get(op_type)
+def lookup(op_type: str, opset: int, domain: str = "") -> OpFn:
+    versions = DOMAINS[domain].get(op_type)
     if not versions:
+        if domain:
+            raise UnsupportedOp(op_type, opset, f"not an operator of domain {domain!r}")
         raise UnsupportedOp(op_type, opset, REFUSED.get(op_type, "not an operator of ONNX's default domain"))
     usable = [v for v in versions if v <= opset]
     if not usable:
