@@ -22,20 +22,21 @@ def _scalars(n: Node) -> tuple[Tensor, Tensor]:
         if v is None or v.numel() != 1:
             shape = "missing" if v is None else f"of shape {v.shape}"
             raise OnnxError(f"{n.op_type}: input {name} must be a scalar, got one {shape}")
+    assert r is not None and t is not None
     return r.reshape(()), t.reshape(())
 
 
 def _groups(n: Node, count: int) -> list[list[Tensor]]:
     """The inputs after R and T as `count` groups of n tensors each (X, G, then the states), each group's tensors in
     the order given; every tensor must have its X's shape."""
-    rest = n.inputs[2:]
-    if not rest or len(rest) % count or any(v is None for v in rest):
+    rest = [v for v in n.inputs[2:] if v is not None]
+    if not rest or len(rest) % count or len(rest) != len(n.inputs) - 2:
         raise OnnxError(
             f"{n.op_type}: after R and T it takes {count} groups of equally many tensors (X, G and its states), got "
             f"{len(rest)} inputs"
         )
     k = len(rest) // count
-    groups = [list(rest[i * k : (i + 1) * k]) for i in range(count)]  # type: ignore[arg-type]
+    groups = [rest[i * k : (i + 1) * k] for i in range(count)]
     for i, x in enumerate(groups[0]):
         if any(g[i].shape != x.shape for g in groups[1:]):
             raise OnnxError(f"{n.op_type}: tensor {i} and its gradient and states differ in shape: "

@@ -21,8 +21,8 @@ OpFn = Callable[["Node"], Result]
 # op_type -> {since_version: implementation}: ONNX's default domain
 REGISTRY: dict[str, dict[int, OpFn]] = {}
 # the other domains tgcore runs: domain -> its own registry of the same form
-TRAINING_DOMAIN = "ai.onnx.preview.training"
-DOMAINS: dict[str, dict[str, dict[int, OpFn]]] = {"": REGISTRY, TRAINING_DOMAIN: {}}
+TRAINING_DOMAIN, ML_DOMAIN = "ai.onnx.preview.training", "ai.onnx.ml"
+DOMAINS: dict[str, dict[str, dict[int, OpFn]]] = {"": REGISTRY, TRAINING_DOMAIN: {}, ML_DOMAIN: {}}
 
 
 def op(op_type: str, *since: int, domain: str = "") -> Callable[[OpFn], OpFn]:
@@ -50,7 +50,9 @@ def lookup(op_type: str, opset: int, domain: str = "") -> OpFn:
     versions = DOMAINS[domain].get(op_type)
     if not versions:
         if domain:
-            raise UnsupportedOp(op_type, opset, f"not an operator of domain {domain!r}")
+            known = ", ".join(sorted(DOMAINS[domain]))
+            why = f"not an operator of domain {domain!r} that tgcore runs (it runs {known})"
+            raise UnsupportedOp(op_type, opset, why)
         raise UnsupportedOp(op_type, opset, REFUSED.get(op_type, "not an operator of ONNX's default domain"))
     usable = [v for v in versions if v <= opset]
     if not usable:
