@@ -373,5 +373,6 @@ def run_node(
     dev = Device.canonicalize(device)
     env = {name: to_tensor(np.asarray(v), dev) for name, v in zip(node.input, inputs) if name}
     graph = helper.make_graph([node], "node", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.output])
-    others = {d: 1 for d in DOMAINS if d}  # (the other domains at version 1, the only one each has)
+    # (the other domains at the newest version of theirs that tgcore implements an operator of)
+    others = {d: max(v for versions in ops.values() for v in versions) for d, ops in DOMAINS.items() if d and ops}
     return [to_numpy(t) for t in _Graph(opset, dev, Known(), others).run(graph, env)]
