@@ -161,3 +161,50 @@ def test_adam_bias_correction_for_any_decay_rate(alpha: float, beta: float, t: i
     v_new, h_new = alpha * v + (1 - alpha) * g, beta * h + (1 - beta) * g * g
     r = 0.05 * np.sqrt(1 - beta**t) / (1 - alpha**t) if t > 0 else 0.05
     np.testing.assert_allclose(got[0], x - r * v_new / (np.sqrt(h_new) + 1e-4), rtol=1e-5, atol=1e-6)
+
+
+# ***** Gradient: the graph differentiated *****
+
+
+def _gradient_model(xs: list[str], zs: list[str], y: str) -> onnx.ModelProto:
+    """u = x * x; v = Relu(u - z); y = v * w: Gradient(xs, zs) of `y`, with all of y, u and the derivatives out."""
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["u"]),
+        helper.make_node("Sub", ["u", "z"], ["t"]),
+        helper.make_node("Relu", ["t"], ["v"]),
+        helper.make_node("Mul", ["v", "w"], ["y"]),
+        helper.make_node(
+            "Gradient", xs + zs, [f"d_{x}" for x in xs], domain=DOMAIN, xs=xs, y=y, **({"zs": zs} if zs else {})
+        ),
+    ]
+    inputs = [helper.make_tensor_value_info(name, f, [4]) for name in ("x", "z", "w")]
+    outputs = [helper.make_tensor_value_info(name, f, [4]) for name in ("y", *[f"d_{x}" for x in xs])]
+    graph = helper.make_graph(nodes, "grad", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+
+
+def test_gradient_of_a_graph() -> None:
+    x, z, w = (np.array(a, np.float32) for a in ([1.0, -2.0, 0.5, 3.0], [0.5, 5.0, 0.0, 1.0], [2.0, 3.0, -1.0, 0.5]))
+    model = OnnxModel(_gradient_model(["x", "w"], ["z"], "y"))
+    for _ in range(3):  # (the third call replays the recorded kernels)
+        out = model(x=x, z=z, w=w)
+    on = (x * x - z) > 0
+    np.testing.assert_allclose(out["y"].numpy(), np.where(on, x * x - z, 0) * w)
+    np.testing.assert_allclose(out["d_x"].numpy(), np.where(on, 2 * x * w, 0))  # (of y's sum: per element here)
+    np.testing.assert_allclose(out["d_w"].numpy(), np.where(on, x * x - z, 0))
+    # a value that y does not depend on has a zero derivative; u depends on x only
+    model = OnnxModel(_gradient_model(["x", "w"], [], "u"), check=False)
+    out = model(x=x, z=z, w=w)
+    np.testing.assert_allclose(out["d_x"].numpy(), 2 * x)
+    np.testing.assert_array_equal(out["d_w"].numpy(), np.zeros(4, np.float32))
+
+
+def test_gradient_errors() -> None:
+    x = np.ones(4, np.float32)
+    with pytest.raises(OnnxError, match="needs attributes xs"):
+        bad = _gradient_model(["x"], [], "y")
+        del bad.graph.node[-1].attribute[:]
+        OnnxModel(bad, check=False)(x=x, z=x, w=x)
+    with pytest.raises(OnnxError, match="is no value computed before it"):
+        OnnxModel(_gradient_model(["x"], [], "nothing"), check=False)(x=x, z=x, w=x)

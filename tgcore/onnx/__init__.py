@@ -18,6 +18,7 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
     raise ImportError("tgcore.onnx needs the onnx package: pip install 'tgcore[onnx]'") from e
 
 from tgcore.device import Device
+from tgcore.dtype import dtypes
 from tgcore.engine.jit import JitError, TinyJit
 from tgcore.helpers import DEBUG, JIT
 from tgcore.onnx import dynamic, external, lowbit
@@ -29,7 +30,17 @@ from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the
 from tgcore.onnx import ops_text as _ops_text  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_training as _ops_training  # noqa: F401 (registers the operators)
 from tgcore.onnx.errors import NotSymbolic, OnnxError, UnsupportedOp
-from tgcore.onnx.registry import DOMAINS, REGISTRY, Known, Node, lookup, onnx_to_dtype, to_numpy, to_tensor
+from tgcore.onnx.registry import (
+    DOMAINS,
+    REGISTRY,
+    TRAINING_DOMAIN,
+    Known,
+    Node,
+    lookup,
+    onnx_to_dtype,
+    to_numpy,
+    to_tensor,
+)
 from tgcore.shape.symbolic import Variable
 from tgcore.tensor import Tensor
 
@@ -90,42 +101,96 @@ class _Graph:
             if init.name not in env:
                 arr = numpy_helper.to_array(init)
                 env[init.name] = self.known.put(to_tensor(arr, self.device), arr)
-        for node in graph.node:
-            opset = self.opset
-            if node.domain in _DEFAULT_DOMAINS:
-                fn = lookup(node.op_type, opset)
-            elif node.domain in self.domains:
-                opset = self.domains[node.domain]
-                fn = lookup(node.op_type, opset, node.domain)
+        for i, node in enumerate(graph.node):
+            if node.op_type == "Gradient" and node.domain == TRAINING_DOMAIN and node.domain in self.domains:
+                outs = self._gradient(graph.node[:i], node, env)
             else:
-                supported = ", ".join(repr(d) for d in DOMAINS if d)
-                why = f"domain {node.domain!r} is not supported, only ONNX's default and {supported}"
-                if node.domain in DOMAINS:
-                    why = f"the model does not import domain {node.domain!r}, which its node uses"
-                raise UnsupportedOp(node.op_type, None, why)
-            try:
-                inputs = [env[i] if i else None for i in node.input]
-            except KeyError as e:
-                raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
-            n = Node(node.op_type, opset, inputs, _attrs(node), self.device, len(node.output), self.known)
-            n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
-            if self.known.symbolic:  # (walking with symbolic sizes: only where the node is known to take them)
-                if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
-                    raise NotSymbolic(f"{node.op_type} runs a subgraph")
-                dynamic.check(n)
-            try:
-                out = fn(n)
-            except TypeError as e:
-                if not _is_dtype_refusal(e):
-                    raise
-                name = f" {node.name!r}" if node.name else ""
-                raise UnsupportedOp(node.op_type, self.opset, f"node{name} needs a dtype its device lacks: {e}") from e
-            outs = [out] if isinstance(out, Tensor) else list(out)
-            outs = lowbit.keep_types(node.op_type, inputs, outs)  # (ops that move values keep a low-bit type)
+                outs = self._node(node, env)
             for name, t in zip(node.output, outs):
                 if name:  # (None: an output not produced, or an empty optional)
                     env[name] = t
         return [env[o.name] for o in graph.output]
+
+    def _node(self, node: onnx.NodeProto, env: dict[str, Tensor]) -> list[Optional[Tensor]]:
+        """One node's outputs, its inputs read from `env`."""
+        opset = self.opset
+        if node.domain in _DEFAULT_DOMAINS:
+            fn = lookup(node.op_type, opset)
+        elif node.domain in self.domains:
+            opset = self.domains[node.domain]
+            fn = lookup(node.op_type, opset, node.domain)
+        else:
+            supported = ", ".join(repr(d) for d in DOMAINS if d)
+            why = f"domain {node.domain!r} is not supported, only ONNX's default and {supported}"
+            if node.domain in DOMAINS:
+                why = f"the model does not import domain {node.domain!r}, which its node uses"
+            raise UnsupportedOp(node.op_type, None, why)
+        try:
+            inputs = [env[i] if i else None for i in node.input]
+        except KeyError as e:
+            raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
+        n = Node(node.op_type, opset, inputs, _attrs(node), self.device, len(node.output), self.known)
+        n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
+        if self.known.symbolic:  # (walking with symbolic sizes: only where the node is known to take them)
+            if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
+                raise NotSymbolic(f"{node.op_type} runs a subgraph")
+            dynamic.check(n)
+        try:
+            out = fn(n)
+        except TypeError as e:
+            if not _is_dtype_refusal(e):
+                raise
+            name = f" {node.name!r}" if node.name else ""
+            raise UnsupportedOp(node.op_type, self.opset, f"node{name} needs a dtype its device lacks: {e}") from e
+        outs = [out] if isinstance(out, Tensor) else list(out)
+        return lowbit.keep_types(node.op_type, inputs, outs)  # (ops that move values keep a low-bit type)
+
+    def _gradient(self, before: Any, node: onnx.NodeProto, env: dict[str, Tensor]) -> list[Tensor]:
+        """Gradient (ai.onnx.preview.training): the derivatives of the value named `y` with respect to those named
+        `xs` (of y's sum, where y is not a scalar), the node's inputs being the values of xs, then of zs. The nodes
+        before it that depend on xs run again on copies of the xs that record their graph, and y is differentiated
+        through them; a y that does not depend on an x has a zero derivative by it."""
+        attrs = _attrs(node)
+        xs, y, zs = list(attrs.get("xs", [])), attrs.get("y"), list(attrs.get("zs", []))
+        if not xs or not isinstance(y, str) or len(node.input) != len(xs) + len(zs):
+            raise OnnxError(
+                f"Gradient: needs attributes xs (names) and y (a name), and one input per name of xs and zs; got xs "
+                f"{xs}, y {y!r}, zs {zs} and {len(node.input)} inputs"
+            )
+        if self.known.symbolic:
+            raise NotSymbolic("Gradient differentiates the graph")
+        values = [env.get(i) for i in node.input]
+        if any(v is None for v in values):
+            raise OnnxError(f"Gradient: its inputs {list(node.input)} must all be given")
+        sub = dict(env)
+        leaves = []
+        for name, v in zip(xs, values):
+            assert v is not None
+            if not dtypes.is_float(v.dtype):
+                raise OnnxError(f"Gradient: {name!r} is {v.dtype}: only a float tensor has a derivative")
+            leaf = v.detach()
+            leaf.requires_grad = True
+            sub[name] = leaf
+            leaves.append(leaf)
+        for name, v in zip(zs, values[len(xs) :]):
+            assert v is not None
+            sub[name] = v.detach()
+        no_grad, Tensor.no_grad = Tensor.no_grad, False
+        try:
+            depends = set(xs)
+            for earlier in before:  # (in graph order: a node's sources come before it)
+                if any(i in depends for i in earlier.input):
+                    for name, t in zip(earlier.output, self._node(earlier, sub)):
+                        if name:
+                            sub[name] = t
+                            depends.add(name)
+            if y not in sub:
+                raise OnnxError(f"Gradient: y {y!r} is no value computed before it")
+            if y in depends:
+                sub[y].sum().backward()
+        finally:
+            Tensor.no_grad = no_grad
+        return [leaf.grad if leaf.grad is not None else leaf.zeros_like() for leaf in leaves]
 
 
 class OnnxModel:
