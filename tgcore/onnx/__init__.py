@@ -24,6 +24,7 @@ from tgcore.helpers import DEBUG, JIT
 from tgcore.onnx import dynamic, external, lowbit
 from tgcore.onnx import ops as _ops  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_ml as _ops_ml  # noqa: F401 (registers the operators)
+from tgcore.onnx import ops_preview as _ops_preview  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_random as _ops_random  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_recent as _ops_recent  # noqa: F401 (registers the operators)
 from tgcore.onnx import ops_spatial as _ops_spatial  # noqa: F401 (registers the operators)

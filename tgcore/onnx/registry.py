@@ -21,8 +21,8 @@ OpFn = Callable[["Node"], Result]
 # op_type -> {since_version: implementation}: ONNX's default domain
 REGISTRY: dict[str, dict[int, OpFn]] = {}
 # the other domains tgcore runs: domain -> its own registry of the same form
-TRAINING_DOMAIN, ML_DOMAIN = "ai.onnx.preview.training", "ai.onnx.ml"
-DOMAINS: dict[str, dict[str, dict[int, OpFn]]] = {"": REGISTRY, TRAINING_DOMAIN: {}, ML_DOMAIN: {}}
+TRAINING_DOMAIN, ML_DOMAIN, PREVIEW_DOMAIN = "ai.onnx.preview.training", "ai.onnx.ml", "ai.onnx.preview"
+DOMAINS: dict[str, dict[str, dict[int, OpFn]]] = {"": REGISTRY, TRAINING_DOMAIN: {}, ML_DOMAIN: {}, PREVIEW_DOMAIN: {}}
 
 
 def op(op_type: str, *since: int, domain: str = "") -> Callable[[OpFn], OpFn]:
