@@ -6,6 +6,7 @@ outputs = model(input=np.zeros((1, 3, 224, 224), np.float32))   # {output name: 
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any, Optional, Union
 
@@ -18,7 +19,6 @@ except ImportError as e:  # pragma: no cover (the extra is missing)
     raise ImportError("tgcore.onnx needs the onnx package: pip install 'tgcore[onnx]'") from e
 
 from tgcore.device import Device
-from tgcore.dtype import dtypes
 from tgcore.engine.jit import JitError, TinyJit
 from tgcore.helpers import DEBUG, JIT
 from tgcore.onnx import dynamic, external, lowbit
@@ -34,7 +34,6 @@ from tgcore.onnx.errors import NotSymbolic, OnnxError, UnsupportedOp
 from tgcore.onnx.registry import (
     DOMAINS,
     REGISTRY,
-    TRAINING_DOMAIN,
     Known,
     Node,
     lookup,
@@ -103,17 +102,14 @@ class _Graph:
                 arr = numpy_helper.to_array(init)
                 env[init.name] = self.known.put(to_tensor(arr, self.device), arr)
         for i, node in enumerate(graph.node):
-            if node.op_type == "Gradient" and node.domain == TRAINING_DOMAIN and node.domain in self.domains:
-                outs = self._gradient(graph.node[:i], node, env)
-            else:
-                outs = self._node(node, env)
+            outs = self._node(node, env, lambda values, i=i: self._rerun(graph.node, i, env, values))
             for name, t in zip(node.output, outs):
                 if name:  # (None: an output not produced, or an empty optional)
                     env[name] = t
         return [env[o.name] for o in graph.output]
 
-    def _node(self, node: onnx.NodeProto, env: dict[str, Tensor]) -> list[Optional[Tensor]]:
-        """One node's outputs, its inputs read from `env`."""
+    def _node(self, node: onnx.NodeProto, env: dict[str, Tensor], rerun: Any = None) -> list[Optional[Tensor]]:
+        """One node's outputs, its inputs read from `env` (`rerun`: Node.rerun)."""
         opset = self.opset
         if node.domain in _DEFAULT_DOMAINS:
             fn = lookup(node.op_type, opset)
@@ -132,6 +128,7 @@ class _Graph:
             raise OnnxError(f"node {node.name or node.op_type} reads {e.args[0]!r}, which nothing produced") from e
         n = Node(node.op_type, opset, inputs, _attrs(node), self.device, len(node.output), self.known)
         n.run_graph = lambda g, extra, env=env: self.run(g, {**env, **extra})
+        n.rerun = rerun
         if self.known.symbolic:  # (walking with symbolic sizes: only where the node is known to take them)
             if any(isinstance(v, onnx.GraphProto) for v in n.attrs.values()):
                 raise NotSymbolic(f"{node.op_type} runs a subgraph")
@@ -142,56 +139,23 @@ class _Graph:
             if not _is_dtype_refusal(e):
                 raise
             name = f" {node.name!r}" if node.name else ""
-            raise UnsupportedOp(node.op_type, self.opset, f"node{name} needs a dtype its device lacks: {e}") from e
+            raise UnsupportedOp(node.op_type, opset, f"node{name} needs a dtype its device lacks: {e}") from e
         outs = [out] if isinstance(out, Tensor) else list(out)
         return lowbit.keep_types(node.op_type, inputs, outs)  # (ops that move values keep a low-bit type)
 
-    def _gradient(self, before: Any, node: onnx.NodeProto, env: dict[str, Tensor]) -> list[Tensor]:
-        """Gradient (ai.onnx.preview.training): the derivatives of the value named `y` with respect to those named
-        `xs` (of y's sum, where y is not a scalar), the node's inputs being the values of xs, then of zs. The nodes
-        before it that depend on xs run again on copies of the xs that record their graph, and y is differentiated
-        through them; a y that does not depend on an x has a zero derivative by it."""
-        attrs = _attrs(node)
-        xs, y, zs = list(attrs.get("xs", [])), attrs.get("y"), list(attrs.get("zs", []))
-        if not xs or not isinstance(y, str) or len(node.input) != len(xs) + len(zs):
-            raise OnnxError(
-                f"Gradient: needs attributes xs (names) and y (a name), and one input per name of xs and zs; got xs "
-                f"{xs}, y {y!r}, zs {zs} and {len(node.input)} inputs"
-            )
-        if self.known.symbolic:
-            raise NotSymbolic("Gradient differentiates the graph")
-        values = [env.get(i) for i in node.input]
-        if any(v is None for v in values):
-            raise OnnxError(f"Gradient: its inputs {list(node.input)} must all be given")
-        sub = dict(env)
-        leaves = []
-        for name, v in zip(xs, values):
-            assert v is not None
-            if not dtypes.is_float(v.dtype):
-                raise OnnxError(f"Gradient: {name!r} is {v.dtype}: only a float tensor has a derivative")
-            leaf = v.detach()
-            leaf.requires_grad = True
-            sub[name] = leaf
-            leaves.append(leaf)
-        for name, v in zip(zs, values[len(xs) :]):
-            assert v is not None
-            sub[name] = v.detach()
-        no_grad, Tensor.no_grad = Tensor.no_grad, False
-        try:
-            depends = set(xs)
-            for earlier in before:  # (in graph order: a node's sources come before it)
-                if any(i in depends for i in earlier.input):
-                    for name, t in zip(earlier.output, self._node(earlier, sub)):
-                        if name:
-                            sub[name] = t
-                            depends.add(name)
-            if y not in sub:
-                raise OnnxError(f"Gradient: y {y!r} is no value computed before it")
-            if y in depends:
-                sub[y].sum().backward()
-        finally:
-            Tensor.no_grad = no_grad
-        return [leaf.grad if leaf.grad is not None else leaf.zeros_like() for leaf in leaves]
+    def _rerun(
+        self, nodes: Any, end: int, env: dict[str, Tensor], values: dict[str, Tensor]
+    ) -> tuple[dict[str, Tensor], set[str]]:
+        """Node.rerun for the node at `end` of `nodes`: those before it that read `values` (or what they compute) run
+        again, in graph order, on `env` with `values` in place."""
+        sub, changed = {**env, **values}, set(values)
+        for node in itertools.islice(nodes, end):  # (in graph order: a node's sources come before it)
+            if any(i in changed for i in node.input):
+                for name, t in zip(node.output, self._node(node, sub)):
+                    if name:
+                        sub[name] = t
+                        changed.add(name)
+        return sub, changed
 
 
 class OnnxModel:

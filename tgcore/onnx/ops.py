@@ -1331,6 +1331,13 @@ def _heads(x: Tensor, heads: int) -> Tensor:
     return x.reshape(b, s, heads, hidden // heads).permute(0, 2, 1, 3)
 
 
+def repeat_heads(t: Tensor, heads: int) -> Tensor:
+    """(batch, h, ...) -> (batch, heads, ...) for a multiple `heads` of h: head i serves heads i * r ... (i + 1) * r - 1
+    (r = heads / h), as grouped-query attention shares a key and value head among query heads."""
+    h = t.shape[1]
+    return t.unsqueeze(2).expand(t.shape[0], h, heads // h, *t.shape[2:]).reshape(t.shape[0], heads, *t.shape[2:])
+
+
 def _mm_wide(a: Tensor, b: Tensor) -> Tensor:
     """a @ b summed in float32 for half types (as numpy does), rounded back once."""
     if a.dtype in (dtypes.float16, dtypes.bfloat16):
@@ -1380,9 +1387,7 @@ def _attention(n: Node) -> tuple:
         bias = pad if bias is None else bias + pad
     hq, hk = q.shape[1], k.shape[1]
     if hq != hk and hq % hk == 0:  # grouped-query attention: each kv head serves hq / hk query heads in turn
-        rep = hq // hk
-        k = k.unsqueeze(2).expand(k.shape[0], hk, rep, *k.shape[2:]).reshape(k.shape[0], hq, *k.shape[2:])
-        v = v.unsqueeze(2).expand(v.shape[0], hk, rep, *v.shape[2:]).reshape(v.shape[0], hq, *v.shape[2:])
+        k, v = repeat_heads(k, hq), repeat_heads(v, hq)
     scale = n.get("scale")
     scale = math.sqrt(1 / math.sqrt(q.shape[3]) if scale is None else scale)  # split between q and k, as the spec
     qk = _mm_wide(q * scale, (k * scale).transpose(-1, -2))

@@ -175,9 +175,10 @@ def tree_ensemble(n: Node) -> Tensor:
         node = at_leaf.where(0, index)  # (a finished walk's index is a leaf's: any node does for its lookups)
         value = xs.gather(1, feat_t[node])
         split, mode = split_t[node], mode_t[node]
-        member = (value.unsqueeze(-1) == members_t[node]).cast(dtypes.int32).sum(-1) > 0
-        tests = ((value <= split, _LEQ), (value < split, _LT), (value >= split, _GTE), (value > split, _GT),
-                 (value == split, _EQ), (value != split, _NEQ), (member, _MEMBER))  # fmt: skip
+        tests = [(value <= split, _LEQ), (value < split, _LT), (value >= split, _GTE), (value > split, _GT),
+                 (value == split, _EQ), (value != split, _NEQ)]  # fmt: skip
+        if member_nodes:
+            tests.append(((value.unsqueeze(-1) == members_t[node]).cast(dtypes.int32).sum(-1) > 0, _MEMBER))
         cond = (value != value) & miss_t[node]  # (a NaN feature goes the true way where the node says so)
         for test, m in tests:
             cond = cond | (test & (mode == m))

@@ -8,6 +8,7 @@ from typing import Any
 
 from tgcore.dtype import dtypes
 from tgcore.onnx.errors import OnnxError
+from tgcore.onnx.ops import repeat_heads
 from tgcore.onnx.registry import PREVIEW_DOMAIN, Node, onnx_to_dtype, op
 from tgcore.tensor import Tensor
 
@@ -46,9 +47,7 @@ def flex_attention(n: Node) -> Tensor:
     if hq != hkv:
         if hkv <= 0 or hq % hkv:
             raise OnnxError(f"FlexAttention: Q's {hq} heads must be a multiple of K and V's {hkv}")
-        group = hq // hkv  # (Q's heads i * group ... (i + 1) * group - 1 read K and V's head i)
-        k, v = (t.unsqueeze(2).expand(t.shape[0], hkv, group, *t.shape[2:]).reshape(t.shape[0], hq, *t.shape[2:])
-                for t in (k, v))  # fmt: skip
+        k, v = repeat_heads(k, hq), repeat_heads(v, hq)
     scale = n.get("scale")
     scale = 1 / math.sqrt(e) if scale is None else float(scale)
     root = math.sqrt(scale)

@@ -1,5 +1,5 @@
-"""ONNX operators of domain ai.onnx.preview.training (version 1): the optimizers Adagrad, Adam and Momentum, written
-on Tensor ops from the operator specs (onnx/defs/training).
+"""ONNX operators of domain ai.onnx.preview.training (version 1): the optimizers Adagrad, Adam and Momentum, and
+Gradient, written on Tensor ops from the operator specs (onnx/defs/training).
 
 Each takes the learning rate R and the update count T (scalars), then its per-tensor groups: n tensors X, their n
 gradients G, and n of each optimizer state (Adagrad: H; Adam: V, H; Momentum: V), and returns the updated tensors
@@ -8,9 +8,8 @@ float32 weights stay float32."""
 
 from __future__ import annotations
 
-import math
-
-from tgcore.onnx.errors import OnnxError
+from tgcore.dtype import dtypes
+from tgcore.onnx.errors import NotSymbolic, OnnxError
 from tgcore.onnx.registry import TRAINING_DOMAIN, Node, op
 from tgcore.tensor import Tensor
 
@@ -42,16 +41,6 @@ def _groups(n: Node, count: int) -> list[list[Tensor]]:
             raise OnnxError(f"{n.op_type}: tensor {i} and its gradient and states differ in shape: "
                             f"{[g[i].shape for g in groups]}")  # fmt: skip
     return groups
-
-
-def _power(base: float, t: Tensor) -> Tensor:
-    """base ** t for an integer-valued float tensor t >= 0 (a constant base: the optimizers' decay rates)."""
-    if base > 0:
-        return (t * math.log(base)).exp()
-    if base == 0:
-        return (t == 0).where(1.0, 0.0).cast(t.dtype)
-    magnitude = (t * math.log(-base)).exp()
-    return ((t % 2) == 1).where(-magnitude, magnitude)
 
 
 def _attr(n: Node, name: str, default: object = None) -> float:
@@ -89,7 +78,7 @@ def adam(n: Node) -> list[Tensor]:
         v_new = v * alpha + grad * (1 - alpha)
         h_new = h * beta + grad * grad * (1 - beta)
         # bias correction of both moments from the first update on (T > 0); none before it
-        corrected = rate * (1 - _power(beta, steps)).sqrt() / (1 - _power(alpha, steps))
+        corrected = rate * (1 - beta**steps).sqrt() / (1 - alpha**steps)
         rate = (t > 0).where(corrected, rate)
         xs.append((x - rate * (v_new / (h_new.sqrt() + eps))) * (1 - norm_post))
         vs.append(v_new)
@@ -113,3 +102,38 @@ def momentum(n: Node) -> list[Tensor]:
         xs.append(x - rate * (v_new if mode == "standard" else grad + v_new * alpha))
         vs.append(v_new)
     return xs + vs
+
+
+@op("Gradient", 1, domain=TRAINING_DOMAIN)
+def gradient(n: Node) -> list[Tensor]:
+    """The derivatives of the value named `y` with respect to those named `xs` (of y's sum, where y is not a scalar),
+    the node's inputs being the values of xs, then of zs. The nodes before it that depend on xs run again on copies of
+    the xs that record their graph (Node.rerun), and y is differentiated through them by tgcore's autograd; a y that
+    does not depend on an x has a zero derivative by it."""
+    xs, y, zs = list(n.get("xs", [])), n.get("y"), list(n.get("zs", []))
+    if not xs or not isinstance(y, str) or len(n.inputs) != len(xs) + len(zs):
+        raise OnnxError(
+            f"Gradient: needs attributes xs (names) and y (a name), and one input per name of xs and zs; got xs "
+            f"{xs}, y {y!r}, zs {zs} and {len(n.inputs)} inputs"
+        )
+    if n.known.symbolic:
+        raise NotSymbolic("Gradient differentiates the graph")
+    if any(v is None for v in n.inputs):
+        raise OnnxError("Gradient: every input (the values of xs and zs) must be given")
+    assert n.rerun is not None
+    values = {name: v.detach() for name, v in zip(xs + zs, n.inputs) if v is not None}
+    leaves = [values[name] for name in xs]
+    for name, leaf in zip(xs, leaves):
+        if not dtypes.is_float(leaf.dtype):
+            raise OnnxError(f"Gradient: {name!r} is {leaf.dtype}: only a float tensor has a derivative")
+        leaf.requires_grad = True
+    no_grad, Tensor.no_grad = Tensor.no_grad, False
+    try:
+        env, changed = n.rerun(values)
+        if y not in env:
+            raise OnnxError(f"Gradient: y {y!r} is no value computed before it")
+        if y in changed:
+            env[y].sum().backward()
+    finally:
+        Tensor.no_grad = no_grad
+    return [leaf.grad if leaf.grad is not None else leaf.zeros_like() for leaf in leaves]

@@ -129,6 +129,9 @@ class Node:
     known: Known = field(default_factory=Known)
     # runs a subgraph (If, Loop) with extra named values; set by the graph runner
     run_graph: Optional[Callable[[Any, dict[str, Tensor]], list[Tensor]]] = None
+    # runs again the nodes before this one that read the given values (by name), directly or through others: the values
+    # they would see then, and the names that changed (Gradient); set by the graph runner
+    rerun: Optional[Callable[[dict[str, Tensor]], tuple[dict[str, Tensor], set[str]]]] = None
 
     def __getitem__(self, i: int) -> Optional[Tensor]:
         return self.inputs[i] if i < len(self.inputs) else None

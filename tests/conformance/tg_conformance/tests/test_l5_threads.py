@@ -40,6 +40,9 @@ def test_thread_counts_give_the_same_bits(threaded: Target, case: str, monkeypat
     def run() -> np.ndarray:
         return build(*[Tensor(x, device=threaded.name) for x in inputs]).numpy()
 
+    last = build(*[Tensor(x, device=threaded.name) for x in inputs]).schedule()[-1]
+    assert to_program(get_kernel(threaded.renderer, last.ast)).thread_extent is not None  # (the case is split)
+
     with Context(NOOPT=1):
         reference = run()
     for threads in ("1", "2", "3", "7"):
