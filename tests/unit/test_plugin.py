@@ -292,15 +292,16 @@ def test_instances_are_probed_and_parts_see_the_instance(registered):
 def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
     import ctypes
 
-    from tgcore.plugin import _HUGE_PAGES, ALIGNMENT, HUGE_PAGE
+    from tgcore.plugin import _COLOR_STEP, _COLORS, _HUGE_PAGES, ALIGNMENT, HUGE_PAGE
 
     allocator = MallocAllocator()
     for size in (1, 3, 64, 1000, 1 << 20, HUGE_PAGE, 3 * HUGE_PAGE + 5):
         buf = allocator.alloc(size)
         assert ctypes.addressof(buf) % ALIGNMENT == 0 and len(buf) == size
         assert not any(bytes(buf[:4096])) and not any(bytes(buf[-4096:]))  # fresh memory reads as zeros
-        if size >= HUGE_PAGE and _HUGE_PAGES:  # a mapping of its own, on a huge-page boundary
-            assert ctypes.addressof(buf) % HUGE_PAGE == 0
+        if size >= HUGE_PAGE and _HUGE_PAGES:  # a mapping of its own, a color's offset past a huge-page boundary
+            offset = ctypes.addressof(buf) % HUGE_PAGE
+            assert offset % _COLOR_STEP == 0 and offset < _COLORS * _COLOR_STEP
         data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
         allocator.copyin(buf, memoryview(data))
         out = bytearray(size)
@@ -309,6 +310,27 @@ def test_host_buffers_start_on_a_cache_line_and_keep_their_contents() -> None:
         if size > 8:  # a view at an offset reads the same memory
             assert bytes(allocator.offset(buf, 8, size - 8)) == data[-8:]
         allocator.free(buf, size)
+
+
+def test_big_host_buffers_in_turn_start_at_different_cache_sets() -> None:
+    """Buffers in huge pages that all started on a huge-page boundary would share their physical address bits up to
+    2 MB, and a kernel streaming several at one index would read and write the same cache sets: each of _COLORS
+    successive big buffers starts at its own offset from the boundary, and at its own offset within a 4 KB page."""
+    import ctypes
+
+    from tgcore.plugin import _COLORS, _HUGE_PAGES, HUGE_PAGE
+
+    if not _HUGE_PAGES:
+        pytest.skip("this OS has no huge-page mappings: big host buffers come from the C heap")
+    allocator = MallocAllocator()
+    bufs = [allocator.alloc(HUGE_PAGE + 4096 * i) for i in range(_COLORS)]  # (sizes the LRU cache cannot hand back)
+    offsets = [ctypes.addressof(b) % HUGE_PAGE for b in bufs]
+    assert len(set(offsets)) == _COLORS and len({o % 4096 for o in offsets}) == _COLORS
+    for i, b in enumerate(bufs):  # each is its own memory, whole: writing one leaves the others as they were
+        ctypes.memset(b, i + 1, len(b))
+    assert [bytes(b[:1]) + bytes(b[-1:]) for b in bufs] == [bytes([i + 1]) * 2 for i in range(_COLORS)]
+    for i, b in enumerate(bufs):
+        allocator.free(b, HUGE_PAGE + 4096 * i)
 
 
 def test_a_failed_host_mapping_tries_the_exact_size(monkeypatch: pytest.MonkeyPatch) -> None:
