@@ -430,6 +430,32 @@ def test_one_loop_of_whole_vectors_gets_the_short_pipeline_and_the_same_results(
     np.testing.assert_allclose((m @ m).numpy(), x.reshape(64, 64) @ x.reshape(64, 64), rtol=1e-4, atol=1e-4)
 
 
+def test_index_arithmetic_is_64_bit_and_int32_values_still_wrap():
+    # the addresses of a conv (nested loops, a padded window, threads' bounds) are computed in i64, as CLANG's C
+    # computes them: no i32 sum or product is left, every access is addressed by an i64; the results are numpy's
+    import re
+
+    def src(t: Tensor) -> str:
+        return to_program(get_kernel(Device["LLVM"].renderer, t.schedule()[-1].ast, "LLVM")).src
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 8, 12, 12)).astype(np.float32), rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    conv = Tensor(x, device="LLVM").conv2d(Tensor(w, device="LLVM"), padding=1)
+    ir = src(conv)
+    assert not re.search(r"= (add|sub|mul)( nsw)? i32 ", ir)
+    accesses = re.findall(r"getelementptr inbounds (?:float|i8|i16|i32|i64|double|half), ptr %\w+, (i\d+)", ir)
+    assert accesses and set(accesses) == {"i64"}
+    windows = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), (2, 3))
+    np.testing.assert_allclose(conv.numpy(), np.einsum("bchwij,ocij->bohw", windows, w), rtol=1e-4, atol=1e-4)
+    # int32 values (not addresses) keep int32 arithmetic: they wrap as numpy's do, also next to an index
+    big = np.array([2**31 - 1, -(2**31), 5, 7], dtype=np.int32)
+    t = Tensor(big, device="LLVM")
+    wrapped = t * 3 + Tensor.arange(4, device="LLVM").cast(dtypes.int32)
+    assert re.search(r"= mul i32 ", src(wrapped))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(wrapped.numpy(), big * np.int32(3) + np.arange(4, dtype=np.int32))
+
+
 # ***** names from outside (a model file's dimension names) in generated source *****
 
 
