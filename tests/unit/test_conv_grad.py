@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tgcore import Tensor, dtypes
+from tgcore.errors import ShapeError
 
 R = np.random.default_rng(11)
 
@@ -206,3 +207,40 @@ def test_few_input_channels_read_a_padded_copy(cin: int, stride: int, prepadded:
     assert ((2, cin, 10, 11) in shapes) == prepadded
     ref = np_conv_grads(x, w, np.zeros(out.shape), stride, 1, [(1, 0), (2, 1)], 1)[0]
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,kw,pads", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64])
+def test_inference_convs_build_the_same_graph_on_the_lazybuffers(
+    monkeypatch: pytest.MonkeyPatch, xs: tuple, ws: tuple, kw: dict, pads: list, dtype: Any
+) -> None:
+    # a conv that records no gradient is built on the LazyBuffers directly (Tensor._conv_lazy): the graph, so the
+    # kernels and the bits, of the general path (reached here by naming the accumulation dtype, which changes
+    # nothing), and the reference's values
+    from tgcore.engine.schedule import _graph_key
+
+    taken: list[tuple] = []
+    lazy = Tensor._conv_lazy
+    monkeypatch.setattr(Tensor, "_conv_lazy", lambda self, *a: taken.append(self.shape) or lazy(self, *a))
+    x, w = R.standard_normal(xs).astype(dtype.np), R.standard_normal(ws).astype(dtype.np)
+    tx, tw = Tensor(x), Tensor(w)
+    fast = tx.conv2d(tw, **kw)
+    general = tx.conv2d(tw, acc_dtype=dtype, **kw)
+    args = (kw.get("groups", 1), kw.get("stride", 1), kw.get("dilation", 1), tuple(pads))
+    depthwise = tx._depthwise_flat_strides(tw, *args) is not None  # (a stencil of its own)
+    assert taken == ([] if depthwise else [xs])
+    assert fast.lazydata.st == general.lazydata.st
+    assert _graph_key([fast.lazydata.base])[0] == _graph_key([general.lazydata.base])[0]
+    assert fast.dtype == dtype and fast.requires_grad is None
+    exp = np_conv_grads(x, w, np.zeros(fast.shape), kw.get("stride", 1), kw.get("dilation", 1), pads,
+                        kw.get("groups", 1))[0]  # fmt: skip
+    tol = 1e-5 if dtype == dtypes.float32 else 1e-10
+    np.testing.assert_allclose(fast.numpy(), exp, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(fast.numpy(), general.numpy())
+
+
+def test_an_inference_conv_whose_window_does_not_fit_raises() -> None:
+    with pytest.raises(ShapeError, match="a window of 5 taps"):
+        Tensor.ones(1, 2, 4, 4).conv2d(Tensor.ones(3, 2, 5, 5))
+    with pytest.raises(ValueError, match="must be ints or 2-tuples"):
+        Tensor.ones(1, 2, 8, 8).conv2d(Tensor.ones(3, 2, 3, 3), stride=(1, 1, 1))
