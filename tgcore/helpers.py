@@ -477,7 +477,7 @@ def db_connection() -> sqlite3.Connection:
             CACHEDB, timeout=_DB_LOCK_TIMEOUT_S, isolation_level=None, check_same_thread=False, uri=_is_uri(CACHEDB)
         )
         try:
-            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() == "wal":
+            if _journal_mode_wal(conn).lower() == "wal":
                 conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.OperationalError as e:
             if _problem(e, write=False) in ("locked", "unopenable"):  # the cache cannot be used now
@@ -491,6 +491,21 @@ def db_connection() -> sqlite3.Connection:
             conn.set_trace_callback(print)
         _db_connection, _db_owner = conn, owner
         return conn
+
+
+def _journal_mode_wal(conn: sqlite3.Connection) -> str:
+    """Ask for WAL mode; the journal mode the database is in. Switching a new database to WAL answers "locked" at once
+    while another connection is opening it too, without waiting as other statements do (two processes that opened a
+    new cache together: one of them found it locked in 1 of 6-30 tries, and ran 60 s without it), so a "locked" answer
+    is asked again until the lock's usual wait has passed."""
+    deadline = time.monotonic() + _DB_LOCK_TIMEOUT_S
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError as e:
+            if _problem(e, write=False) != "locked" or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def _problem(e: BaseException, write: bool) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import pathlib
 import random
@@ -184,6 +185,57 @@ def test_a_locked_database_costs_one_short_wait_and_one_report(
         diskcache_put("exercise", "later", 1)
         assert diskcache_get("exercise", "later") == 1
     assert cache_warnings(record) == []
+
+
+class BusyWalSwitch:
+    """A connection whose first `busy` requests for WAL mode answer "database is locked" at once, as sqlite does while
+    another process is opening the same new database (it does not wait for that lock as for others)."""
+
+    def __init__(self, conn: sqlite3.Connection, busy: float) -> None:
+        self.conn, self.busy, self.asked = conn, busy, 0
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql.upper().startswith("PRAGMA JOURNAL_MODE=WAL"):
+            self.asked += 1
+            if self.asked <= self.busy:
+                raise sqlite3.OperationalError("database is locked")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("busy", [1, 5])
+def test_a_new_database_another_process_is_opening_is_asked_again(
+    isolated_cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch, busy: int
+) -> None:
+    # two processes that open a new cache at once: the one whose switch to WAL is answered "locked" at once asks again
+    # (it had run 60 s without the cache, reporting a lock held for more than 2 s)
+    made: list[BusyWalSwitch] = []
+    connect = sqlite3.connect
+
+    def connect_busy(*args: object, **kwargs: object) -> BusyWalSwitch:
+        made.append(BusyWalSwitch(connect(*args, **kwargs), busy))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(helpers.sqlite3, "connect", connect_busy)
+    assert exercise(isolated_cache) == []
+    assert made and made[0].asked == busy + 1
+    assert diskcache_get("exercise", "k2") == [2]
+    assert helpers.db_connection().execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal"
+
+
+def test_a_new_database_that_stays_busy_is_reported_after_the_usual_wait(
+    isolated_cache: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connect = sqlite3.connect
+    monkeypatch.setattr(helpers.sqlite3, "connect", lambda *a, **k: BusyWalSwitch(connect(*a, **k), math.inf))
+    monkeypatch.setattr(helpers, "_DB_LOCK_TIMEOUT_S", 0.3)
+    start = time.perf_counter()
+    messages = exercise(isolated_cache)
+    took = time.perf_counter() - start
+    assert len(messages) == 1 and "stayed locked" in messages[0] and "database is locked" in messages[0], messages
+    assert 0.3 <= took < 2.0  # one bounded wait, then the cache is skipped
 
 
 def test_a_write_lock_on_a_wal_database_does_not_stop_reads(isolated_cache: pathlib.Path) -> None:
