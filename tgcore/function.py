@@ -32,6 +32,12 @@ class Function:
         raise RuntimeError(f"backward not implemented for {type(self).__name__}")
 
     @classmethod
+    def forward_only(cls, *x: LazyBuffer, **kwargs: Any) -> LazyBuffer:
+        """This function's forward on LazyBuffers, recording nothing for backward (for a result that needs no
+        gradient): the graph apply builds, without a Tensor or a context kept."""
+        return cls.forward(cls.__new__(cls), *x, **kwargs)
+
+    @classmethod
     def apply(cls, *x: Any, **kwargs: Any) -> Any:
         """Run this function on tensors `x`; the result is a tensor of the inputs' type."""
         first = x[0]

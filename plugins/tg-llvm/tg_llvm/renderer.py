@@ -328,8 +328,7 @@ class _FunctionWriter:
     def int_value(self, u: UOp, ty: str) -> str:
         """The integer uop `u`'s value as an `ty` register (i32 or i64): an index sum kept in i64 (self.wide) is
         narrowed, an int32 value widened (both exact: an index value fits int32)."""
-        x = self.value(u)
-        have = "i64" if id(u) in self.wide else reg_type(u.dtype)  # type: ignore[arg-type]
+        x, have = self.value(u), self.index_type(u)
         if have == ty or u.op is UOps.CONST:  # (a literal is a literal of either type)
             return x
         return self.emit(f"{'sext' if ty == 'i64' else 'trunc'} {have} {x} to {ty}")
@@ -721,13 +720,14 @@ class _FunctionWriter:
                 src_dts = [s.dtype for s in u.src]
                 if any(d is None for d in src_dts):
                     raise NotImplementedError(f"the LLVM renderer got an ALU operand without a dtype in {u}")
-                if id(u) in self.wide or any(id(s) in self.wide for s in u.src):  # index math: int32 operands in i64
+                # index math (an int32 result in self.wide, or a gate comparing index sums): int32 operands in i64.
+                # (An int32 uop that reads a wide one is wide itself: index_uops takes only uops whose every user
+                # addresses memory.)
+                if id(u) in self.wide or any(id(s) in self.wide for s in u.src):
                     srcs = [self.int_value(s, "i64") if s.dtype == dtypes.int32 else self.value(s) for s in u.src]
                     src_dts = [dtypes.int64 if d == dtypes.int32 else d for d in src_dts]
-                    out = self.alu(u.arg, dtypes.int64 if dt == dtypes.int32 else dt, srcs, src_dts)  # type: ignore
-                    if dt == dtypes.int32 and id(u) not in self.wide:  # (a user that wants the int32 value)
-                        out = self.emit(f"trunc i64 {out} to i32")
-                    self.values[id(u)] = out
+                    out_dt = dtypes.int64 if dt == dtypes.int32 else dt
+                    self.values[id(u)] = self.alu(u.arg, out_dt, srcs, src_dts)  # type: ignore[arg-type]
                 else:
                     srcs = [self.value(s) for s in u.src]
                     self.values[id(u)] = self.alu(u.arg, dt, srcs, src_dts)  # type: ignore[arg-type]
