@@ -478,6 +478,24 @@ class Expand(Function):
         )
 
 
+class BroadcastTo(Function):
+    """Tensor._broadcast_to's reshape (leading axes of size 1) and expand as one Function: the same graph, forward
+    (one view of the input, where the two steps made a view of a view) and backward (the expand's sum, then the
+    reshape), without a Tensor and a Function for the step between (a broadcast operand is in most binary ops)."""
+
+    def forward(self, x: LazyBuffer, shape: tuple[sint, ...]) -> LazyBuffer:
+        self.input_shape = x.shape
+        padded = (1,) * (len(shape) - len(x.shape)) + x.shape
+        self.expanded_axis = tuple(i for i, (si, so) in enumerate(zip(padded, shape)) if si != so)
+        if type(x) is not LazyBuffer or x.size == 0 or padded == x.shape:  # (a multi-device tensor's, an empty
+            return x.reshape(padded).expand(shape)  # view by its own rule, nothing to fold: the two steps)
+        return x._view(x.st.reshape(padded).expand(shape))
+
+    def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
+        summed = grad_output.cast(sum_acc_dtype(grad_output.dtype)).r(ReduceOps.SUM, self.expanded_axis)
+        return summed.cast(grad_output.dtype).reshape(self.input_shape)
+
+
 class Reshape(Function):
     def forward(self, x: LazyBuffer, shape: tuple[sint, ...]) -> LazyBuffer:
         self.input_shape = x.shape

@@ -23,6 +23,7 @@ from tgcore.helpers import ENGINE_LOCK, ContextVar, all_int, argfix, flatten, ma
 from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
+from tgcore.registry import plugins
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint, sym_infer
 
 __all__ = ["Tensor", "Function"]
@@ -1849,18 +1850,16 @@ class Tensor:
     ) -> Tensor:
         """Mean cross-entropy of logits `self` (N, C) against integer labels Y (N,)."""
         log_probs = self.log_softmax()
-        mask = Y != ignore_index
         classes = self.shape[-1]
+        labels, mask, bad = _label_masks(Y, classes, ignore_index, self.device)
         # the labels' log-probabilities picked by a select, not a product: a -inf elsewhere (a logit of -inf) stays
         # out of the sum, as in torch, instead of making it NaN
-        labels = (Y.unsqueeze(-1) == Tensor.arange(classes, device=self.device)) & mask.unsqueeze(-1)
         picked = labels.where(log_probs, 0)
         if label_smoothing == 0:  # (no smoothing term to build)
             loss = -picked.sum() / mask.sum()
         else:
             smoothing = label_smoothing * (log_probs.mean(-1) * mask).sum()
             loss = -((1 - label_smoothing) * picked.sum() + smoothing) / mask.sum()
-        bad = mask & ((Y < 0) | (Y >= classes))
         return _with_check(loss, bad, f"a label is out of range for {classes} classes (ignore_index={ignore_index})")
 
     # ***** unary math *****
@@ -2099,10 +2098,14 @@ class Tensor:
         return x._broadcast_to(shape), y._broadcast_to(shape)
 
     def _broadcast_to(self, shape: tuple[sint, ...]) -> Tensor:
+        """This tensor broadcast to `shape`, which _broadcast_shape made from it (leading axes of size 1 added, axes
+        of size 1 expanded): reshape and expand as one Function."""
         if self.shape == shape:
             return self
-        x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
-        return x.expand(shape)
+        tail = shape[len(shape) - self.ndim :]
+        if len(shape) < self.ndim or any(a != b and a != 1 for a, b in zip(self.shape, tail)):
+            raise ShapeError(f"cannot broadcast shape {self.shape} to {shape}")
+        return F.BroadcastTo.apply(self, shape=shape)
 
     def add(self, x: Union[Tensor, ConstType], reverse: bool = False) -> Tensor:
         return F.Add.apply(*self._broadcasted(x, reverse))
@@ -2598,13 +2601,53 @@ def _gathers(x: Tensor, index: Tensor, shape: tuple[sint, ...]) -> bool:
     )
 
 
+def _label_masks(Y: Tensor, classes: sint, ignore_index: int, device: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """For integer labels Y of `classes` classes: True at each counted label's class (Y's shape + (classes,)), True
+    at each label counted (not ignore_index), and True at each counted label out of range. Labels need no gradient,
+    so for labels of one device these are built on the LazyBuffers (the Tensor ops' graph, without a Tensor, a
+    broadcast and a Function per op: they were most of a small model's loss), from an arange made once."""
+    yl = Y.lazydata
+    plain = type(yl) is LazyBuffer and yl.device == device and isinstance(classes, int) and all_int(yl.shape)
+    if not plain or not dtypes.is_int(yl.dtype):
+        mask = Y != ignore_index
+        labels = (Y.unsqueeze(-1) == Tensor.arange(classes, device=device)) & mask.unsqueeze(-1)
+        return labels, mask, mask & ((Y < 0) | (Y >= classes))
+    assert isinstance(yl, LazyBuffer) and isinstance(classes, int)  # (what `plain` says, for the type checker)
+    dtype = least_upper_dtype(yl.dtype, dtypes.default_int)  # (as Y == arange(classes) would cast it)
+    yl = yl.cast(dtype) if yl.dtype != dtype else yl
+    shape, eq, both = yl.shape, BinaryOps.CMPEQ, BinaryOps.AND
+    full = (*shape, classes)
+
+    def negated(x: LazyBuffer) -> LazyBuffer:  # logical not, as Tensor.logical_not builds it
+        return x.e(eq, x.const(False))
+
+    def across(x: LazyBuffer) -> LazyBuffer:  # Y's shape -> (*Y's shape, classes)
+        return x._view(x.st.reshape((*shape, 1)).expand(full))
+
+    key = (classes, dtype, device)
+    if (ar := _ARANGES.get(key)) is None or ar.realized is None:
+        if len(_ARANGES) >= 64:
+            _ARANGES.clear()
+        ar = _ARANGES[key] = LazyBuffer.fromcpu(np.arange(classes, dtype=_np_for(dtype)), device, dtype)
+    keep = negated(yl.e(eq, yl.const(ignore_index)))
+    hit = across(yl).e(eq, ar._view(ar.st.reshape((1,) * len(shape) + (classes,)).expand(full)))
+    out_of_range = yl.e(BinaryOps.CMPLT, yl.const(0)).e(BinaryOps.OR, negated(yl.e(BinaryOps.CMPLT, yl.const(classes))))
+    return _unrecorded(hit.e(both, across(keep))), _unrecorded(keep), _unrecorded(keep.e(both, out_of_range))
+
+
+# Tensor.sparse_categorical_crossentropy's class numbers, by (classes, dtype, device): realized once
+_ARANGES: dict[tuple[Any, ...], LazyBuffer] = {}
+plugins.on_change.append(_ARANGES.clear)
+
+
 def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOfRangeError) -> Tensor:
     """`out`, checked when it is realized: `bad` (True where the data is invalid) is counted first, on the device,
     and a count above 0 raises `error` before any kernel reads the invalid data (engine/schedule.py)."""
     lb = out.lazydata
     if not CHECK_DATA.value or not isinstance(lb, LazyBuffer) or bad.numel() == 0:
         return out
-    count = bad.cast(dtypes.int32).sum()
+    plain = not bad.requires_grad and type(bad.lazydata) is LazyBuffer
+    count = _count_true(bad.lazydata) if plain else bad.cast(dtypes.int32).sum()
     if count.lazydata.is_unrealized_const():  # known now
         if count.lazydata.base.arg:
             raise error(message)
@@ -2616,6 +2659,12 @@ def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOf
         return out
     base.checks = (*base.checks, (count.lazydata, error, message))
     return out
+
+
+def _count_true(bad: Any) -> Tensor:
+    """`bad`'s True (non-zero) elements as a 0-d int32 tensor: bad.cast(int32).sum()'s graph, on the LazyBuffer."""
+    as_int = bad.cast(dtypes.int32) if bad.dtype != dtypes.int32 else bad
+    return _unrecorded(as_int.r(ReduceOps.SUM, tuple(range(len(bad.shape)))).reshape(()))
 
 
 def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
