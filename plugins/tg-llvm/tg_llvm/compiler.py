@@ -6,8 +6,10 @@ import functools
 import hashlib
 import os
 import re
+import threading
 from typing import Any
 
+from tg_llvm import workers as _workers
 from tgcore.plugin import CompileError, Compiler, vector_register_bytes, vector_register_count
 
 
@@ -103,12 +105,22 @@ class LLVMCompiler(Compiler):
 
     In ELF objects each exported function is renamed to `unique_symbol(name, src)`; the runtime finds it in the
     object's symbol table. Should this host's objects not be ELF, the first compile finds out and the compiler
-    keeps the names as rendered from then on (the runtime gives such objects an engine each)."""
+    keeps the names as rendered from then on (the runtime gives such objects an engine each).
 
-    def __init__(self, opt: int | None = None) -> None:
+    llvmlite runs one call into LLVM at a time in a process, so a kernel compiled here waits for any other: the
+    new kernels of a schedule come in groups (`batch`, from the core's compile threads: `concurrent`) to
+    compile_many, which hands them to worker processes (workers.py), one per core, once there is enough to compile
+    to pay for starting them; a lone kernel, and every kernel where workers cannot run, compiles here."""
+
+    concurrent = True  # (compile() takes a lock of its own: one in-process compile at a time, as llvmlite allows)
+    batch = 8
+
+    def __init__(self, opt: int | None = None, workers: int | None = None) -> None:
+        """`workers`: compile processes for compile_many (default: one per core this process may run on; 0: none)."""
         self.opt = default_opt_level() if opt is None else opt
         if self.opt not in (0, 1, 2, 3):
             raise ValueError(f"LLVM optimization level {self.opt}: expected 0, 1, 2 or 3")
+        self.workers = _cores() if workers is None else workers
         binding = llvm()
         self.tm = host_target_machine(self.opt)  # this compiler's own, used only to emit code
         self.triple, self.data_layout = self.tm.triple, str(self.tm.target_data)
@@ -123,7 +135,26 @@ class LLVMCompiler(Compiler):
         llvm_version = ".".join(map(str, binding.llvm_version_info))
         self.identity = f"llvmlite {_llvmlite_version()} (LLVM {llvm_version}) -O{self.opt} -mcpu={cpu_name}"
 
+    def compile_many(self, srcs: list[str]) -> list[bytes]:
+        """Each source's object code: compiled by the worker processes where they run and the sources are worth
+        their start (WORKER_MIN_IR bytes of IR, or workers already started), else here, one by one. A worker that
+        fails leaves the rest of the sources to this process."""
+        pool = _workers.workers(self.opt, self.workers)
+        if pool is None or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
+            return [self.compile(src) for src in srcs]
+        out: list[bytes] = []
+        for src in srcs:
+            try:
+                out.append(pool.compile(src))
+            except _workers.WorkerError:
+                out.append(self.compile(src))
+        return out
+
     def compile(self, src: str) -> bytes:
+        with _IN_PROCESS:
+            return self._compile(src)
+
+    def _compile(self, src: str) -> bytes:
         binding = llvm()
         if (nul := src.find("\0")) >= 0:  # llvmlite hands LLVM a C string: it would silently stop reading there
             line = src.count("\n", 0, nul) + 1
@@ -159,5 +190,19 @@ class LLVMCompiler(Compiler):
         obj = bytes(self.tm.emit_object(mod))
         if renamed and obj[:4] != b"\x7fELF":  # the runtime could not find the renamed function: keep the names
             self.unique_names = False
-            return self.compile(src)
+            return self._compile(src)
         return obj
+
+
+# one compile at a time in this process (llvmlite's LLVM calls share one context and one lock)
+_IN_PROCESS = threading.Lock()
+# a group of new kernels starts the worker processes (~0.3 s each, in parallel) once its IR is this large: about a
+# second of compiling (ResNet-18's 25 kernels are ~1.3 MB of IR and took 3.8 s here)
+WORKER_MIN_IR = 128 * 1024
+
+
+def _cores() -> int:
+    """The cores this process may run on (TGCORE_THREADS where set, as the core's kernel threads read it)."""
+    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
+        return int(n)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
