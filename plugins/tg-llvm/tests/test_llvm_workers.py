@@ -111,3 +111,24 @@ def test_a_forked_child_starts_workers_of_its_own() -> None:
         os._exit(0 if workers(LLVMCompiler().opt, 2) is not pool else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_workers_that_cannot_start_are_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that ends before its first answer (here: a 'Python' that exits at once) marks the pool broken: the
+    kernels compile in this process, and no other worker is started."""
+    pool = Workers(LLVMCompiler().opt, 2)
+    starts = []
+    real_popen = workers_module.subprocess.Popen
+
+    def popen(args: list, **kwargs: object) -> object:
+        starts.append(args)
+        return real_popen(["/bin/false"], **kwargs)
+
+    monkeypatch.setattr(workers_module.subprocess, "Popen", popen)
+    monkeypatch.setattr(workers_module, "workers", lambda opt, count: pool)
+    monkeypatch.setattr(compiler_module, "WORKER_MIN_IR", 0)
+    srcs = _sources(3)
+    expected = [LLVMCompiler(workers=0).compile(src) for src in srcs]
+    assert LLVMCompiler(workers=2).compile_many(srcs) == expected
+    assert pool.broken and len(starts) == 1 and pool.started == 0
+    assert LLVMCompiler(workers=2).compile_many(srcs) == expected and len(starts) == 1

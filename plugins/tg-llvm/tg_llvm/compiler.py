@@ -140,7 +140,7 @@ class LLVMCompiler(Compiler):
         their start (WORKER_MIN_IR bytes of IR, or workers already started), else here, one by one. A worker that
         fails leaves the rest of the sources to this process."""
         pool = _workers.workers(self.opt, self.workers)
-        if pool is None or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
+        if pool is None or pool.broken or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
             return [self.compile(src) for src in srcs]
         out: list[bytes] = []
         for src in srcs:

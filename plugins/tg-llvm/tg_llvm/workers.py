@@ -31,15 +31,20 @@ class _Worker:
     """One worker process and its pipes."""
 
     def __init__(self, opt: int) -> None:
+        # this process's module path, so that the worker imports the tg_llvm (and tgcore) this process runs, even
+        # one found through a path the program added
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tg_llvm.workers", str(opt)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
+                env=env,
             )
         except OSError as e:
             raise WorkerError(f"could not start an LLVM compile worker: {e}") from e
+        self.answered = False  # (a worker that fails before its first answer cannot start here: see Workers)
 
     def compile(self, src: str) -> bytes:
         data = src.encode()
@@ -54,6 +59,7 @@ class _Worker:
             payload = stdout.read(int.from_bytes(head[1:], "little"))
         except OSError as e:  # (a broken pipe: the worker is gone)
             raise WorkerError(f"an LLVM compile worker failed: {e}") from e
+        self.answered = True
         if head[0] == _OK:
             return payload
         text = payload.decode(errors="replace")
@@ -81,10 +87,15 @@ class Workers:
         self.started = 0  # workers running (or starting)
         self.compiled = 0  # sources they compiled
         self.ready = threading.Semaphore(count)
+        # a worker failed before its first answer (no Python to run it, tg_llvm not importable by it): none is
+        # started again, every kernel compiles in this process (one that died after answering is replaced)
+        self.broken = False
 
     def compile(self, src: str) -> bytes:
         """The object code of `src`, compiled by a free worker (started if fewer than `count` run)."""
         with self.ready:  # (at most `count` compiles at once: one a worker)
+            if self.broken:
+                raise WorkerError("the LLVM compile workers cannot start here")
             with self.lock:
                 worker = self.free.pop() if self.free else None
                 if worker is None:
@@ -95,6 +106,7 @@ class Workers:
                 except WorkerError:
                     with self.lock:
                         self.started -= 1
+                        self.broken = True
                     raise
             try:
                 lib = worker.compile(src)
@@ -106,6 +118,7 @@ class Workers:
                 worker.close()
                 with self.lock:
                     self.started -= 1
+                    self.broken = self.broken or not worker.answered
                 raise
             with self.lock:
                 self.free.append(worker)
