@@ -9,7 +9,6 @@ import re
 import threading
 from typing import Any
 
-from tg_llvm import workers as _workers
 from tgcore.plugin import CompileError, Compiler, vector_register_bytes, vector_register_count
 
 
@@ -139,6 +138,8 @@ class LLVMCompiler(Compiler):
         """Each source's object code: compiled by the worker processes where they run and the sources are worth
         their start (WORKER_MIN_IR bytes of IR, or workers already started), else here, one by one. A worker that
         fails leaves the rest of the sources to this process."""
+        from tg_llvm import workers as _workers  # (on use: `python -m tg_llvm.workers` runs that module as main)
+
         pool = _workers.workers(self.opt, self.workers)
         if pool is None or pool.broken or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
             return [self.compile(src) for src in srcs]
