@@ -1839,11 +1839,11 @@ class Tensor:
         """1 at each value's position along a new last axis of `num_classes` (int32)."""
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"one_hot needs num_classes >= 1, got {num_classes!r}")
-        out = (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.default_int)
-        bad = (self < 0) | (self >= num_classes)
+        hit, _, bad = _label_masks(self, num_classes, None, self.device)
         if dtypes.is_float(self.dtype):  # (tinygrad takes float labels: each must be a whole number)
             bad = bad | (self != self.trunc())
-        return _with_check(out, bad, f"one_hot class values must be whole numbers in [0, {num_classes})")
+        msg = f"one_hot class values must be whole numbers in [0, {num_classes})"
+        return _with_check(hit.cast(dtypes.default_int), bad, msg)
 
     def sparse_categorical_crossentropy(
         self, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0
@@ -1852,6 +1852,7 @@ class Tensor:
         log_probs = self.log_softmax()
         classes = self.shape[-1]
         labels, mask, bad = _label_masks(Y, classes, ignore_index, self.device)
+        assert mask is not None  # (an ignore_index was given)
         # the labels' log-probabilities picked by a select, not a product: a -inf elsewhere (a logit of -inf) stays
         # out of the sum, as in torch, instead of making it NaN
         picked = labels.where(log_probs, 0)
@@ -2601,17 +2602,23 @@ def _gathers(x: Tensor, index: Tensor, shape: tuple[sint, ...]) -> bool:
     )
 
 
-def _label_masks(Y: Tensor, classes: sint, ignore_index: int, device: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """For integer labels Y of `classes` classes: True at each counted label's class (Y's shape + (classes,)), True
-    at each label counted (not ignore_index), and True at each counted label out of range. Labels need no gradient,
-    so for labels of one device these are built on the LazyBuffers (the Tensor ops' graph, without a Tensor, a
-    broadcast and a Function per op: they were most of a small model's loss), from an arange made once."""
+def _label_masks(
+    Y: Tensor, classes: sint, ignore_index: Optional[int], device: Any
+) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """For labels Y of `classes` classes: True at each counted label's class (Y's shape + (classes,)), True at each
+    label counted (not ignore_index; None when there is none), and True at each counted label out of range. Labels
+    need no gradient, so for integer labels of one device these are built on the LazyBuffers (the Tensor ops' graph,
+    without a Tensor, a broadcast and a Function per op: they were most of a small model's loss), from an arange made
+    once."""
     yl = Y.lazydata
     plain = type(yl) is LazyBuffer and yl.device == device and isinstance(classes, int) and all_int(yl.shape)
     if not plain or not dtypes.is_int(yl.dtype):
+        hit = Y.unsqueeze(-1) == Tensor.arange(classes, device=device)
+        out_of_range = (Y < 0) | (Y >= classes)
+        if ignore_index is None:
+            return hit, None, out_of_range
         mask = Y != ignore_index
-        labels = (Y.unsqueeze(-1) == Tensor.arange(classes, device=device)) & mask.unsqueeze(-1)
-        return labels, mask, mask & ((Y < 0) | (Y >= classes))
+        return hit & mask.unsqueeze(-1), mask, mask & out_of_range
     assert isinstance(yl, LazyBuffer) and isinstance(classes, int)  # (what `plain` says, for the type checker)
     dtype = least_upper_dtype(yl.dtype, dtypes.default_int)  # (as Y == arange(classes) would cast it)
     yl = yl.cast(dtype) if yl.dtype != dtype else yl
@@ -2629,9 +2636,11 @@ def _label_masks(Y: Tensor, classes: sint, ignore_index: int, device: Any) -> tu
         if len(_ARANGES) >= 64:
             _ARANGES.clear()
         ar = _ARANGES[key] = LazyBuffer.fromcpu(np.arange(classes, dtype=_np_for(dtype)), device, dtype)
-    keep = negated(yl.e(eq, yl.const(ignore_index)))
     hit = across(yl).e(eq, ar._view(ar.st.reshape((1,) * len(shape) + (classes,)).expand(full)))
     out_of_range = yl.e(BinaryOps.CMPLT, yl.const(0)).e(BinaryOps.OR, negated(yl.e(BinaryOps.CMPLT, yl.const(classes))))
+    if ignore_index is None:
+        return _unrecorded(hit), None, _unrecorded(out_of_range)
+    keep = negated(yl.e(eq, yl.const(ignore_index)))
     return _unrecorded(hit.e(both, across(keep))), _unrecorded(keep), _unrecorded(keep.e(both, out_of_range))
 
 

@@ -122,3 +122,18 @@ def test_broadcast_is_one_view_with_numpy_values_and_summed_gradient(src: tuple,
 def test_broadcast_to_a_shape_it_cannot_reach_raises() -> None:
     with pytest.raises(Exception, match="cannot broadcast shape"):
         Tensor(np.zeros((2, 3), np.float32))._broadcast_to((4, 3))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "float32"])
+def test_one_hot_matches_numpy_for_every_label_dtype(dtype: str) -> None:
+    y = np.array([[0, 3, 1], [2, 2, 4]], dtype=dtype)
+    got = Tensor(y).one_hot(5)
+    assert got.dtype == dtypes.int32
+    np.testing.assert_array_equal(got.numpy(), np.eye(5, dtype=np.int32)[y.astype(np.int64)])
+
+
+@pytest.mark.parametrize("values", [[0, 5], [-1, 2], [0.5, 1.0]], ids=["too-large", "negative", "not-whole"])
+def test_one_hot_of_a_value_out_of_its_classes_raises(values: list) -> None:
+    y = np.array(values, dtype=np.float32 if isinstance(values[0], float) else np.int32)
+    with pytest.raises(IndexOutOfRangeError, match="one_hot class values"):
+        Tensor(y).one_hot(5).realize()
