@@ -246,15 +246,15 @@ class LAMB(Optimizer):
 
         mul, add, div = BinaryOps.MUL, BinaryOps.ADD, BinaryOps.DIV
         for t, b in ((self.b1_t, self.b1), (self.b2_t, self.b2)):
-            t.assign(_tensor(t.lazydata.e(mul, const(t.lazydata, b))))
+            _assign(t, t.lazydata.e(mul, const(t.lazydata, b)))
         b1_t, b2_t = self.b1_t.lazydata, self.b2_t.lazydata
         c1, c2 = const(b1_t, 1.0).e(BinaryOps.SUB, b1_t), const(b2_t, 1.0).e(BinaryOps.SUB, b2_t)
         lr = self.lr.lazydata
         for i, p in enumerate(self.params):
             g, m, v = p.grad.lazydata, self.m[i].lazydata, self.v[i].lazydata  # type: ignore[union-attr]
-            self.m[i].assign(_tensor(const(m, self.b1).e(mul, m).e(add, const(g, 1.0 - self.b1).e(mul, g))))
+            _assign(self.m[i], const(m, self.b1).e(mul, m).e(add, const(g, 1.0 - self.b1).e(mul, g)))
             gg = g.e(mul, g)
-            self.v[i].assign(_tensor(const(v, self.b2).e(mul, v).e(add, const(gg, 1.0 - self.b2).e(mul, gg))))
+            _assign(self.v[i], const(v, self.b2).e(mul, v).e(add, const(gg, 1.0 - self.b2).e(mul, gg)))
             m, v, shape = self.m[i].lazydata, self.v[i].lazydata, p.shape
             zero_d = p.ndim == 0
             m_hat = m.e(div, c1.reshape(()) if zero_d else broadcast(c1, shape))
@@ -265,8 +265,21 @@ class LAMB(Optimizer):
             if self.wd != 0:
                 update = update.e(add, const(w, self.wd).e(mul, w))
             step = broadcast(lr.reshape(()) if zero_d and len(lr.shape) == 1 else lr, shape).e(mul, update)
-            p.assign(_tensor(w.e(BinaryOps.SUB, step)))
+            _assign(p, w.e(BinaryOps.SUB, step))
         return [self.b1_t, self.b2_t] + self.m + self.v
+
+
+def _assign(t: Tensor, value: LazyBuffer) -> None:
+    """t.assign(value) for _plain_step's new values, without Tensor.assign's hazard walk where t is a computed base:
+    each new value reads its own target only at the position it writes (m and v elementwise at the top, the parameter
+    at the top of its update) and the other targets only through their assigns, which run as kernels of their own,
+    so no kernel can overwrite what it has yet to read (the walk found nothing here, at 20 assigns a step of a
+    3-layer MLP). Anything else (a view, a tensor not computed yet) takes Tensor.assign."""
+    lb = t.lazydata
+    if type(lb) is LazyBuffer and lb._base is None and lb.realized is not None and value.shape == lb.shape:
+        t.lazydata = lb.assign(value)
+    else:
+        t.assign(_tensor(value))
 
 
 def _tensor(x: LazyBuffer) -> Tensor:
