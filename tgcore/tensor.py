@@ -2644,7 +2644,7 @@ def _label_masks(
     return _unrecorded(hit.e(both, across(keep))), _unrecorded(keep), _unrecorded(keep.e(both, out_of_range))
 
 
-# Tensor.sparse_categorical_crossentropy's class numbers, by (classes, dtype, device): realized once
+# the class numbers of _label_masks (sparse_categorical_crossentropy, one_hot) by (classes, dtype, device), made once
 _ARANGES: dict[tuple[Any, ...], LazyBuffer] = {}
 plugins.on_change.append(_ARANGES.clear)
 
