@@ -430,7 +430,9 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
             _run(get_runner(out.device, si.ast), [*si.bufs], vals, False)
             out.realized, out.srcs = out.buffer, ()
             return
-    failed = compile_ahead(schedule) if len(schedule) > 1 else None
+    # a schedule made from a cached template that ran before has its kernels compiled: nothing to look for
+    template = getattr(schedule, "template", None) if len(schedule) > 1 else None
+    failed = compile_ahead(schedule) if len(schedule) > 1 and not (template is not None and template.ran) else None
     for i, si in enumerate(schedule):
         if failed is not None and i == failed[0]:
             raise failed[1]
@@ -451,6 +453,8 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
         for out in si.outputs:
             out.realized = out.buffer
             out.srcs = ()
+    if template is not None:
+        template.ran = True
 
 
 # TinyJit registers a callback here while it records a function's kernels

@@ -466,6 +466,8 @@ def create_schedule_with_vars(outs: list[LazyBuffer]) -> tuple[list[ScheduleItem
             if len(_schedule_cache) >= _SCHEDULE_CACHE_SIZE:
                 _schedule_cache.pop(next(iter(_schedule_cache)))
             _schedule_cache[key] = template
+            schedule = _Instance(schedule)
+            schedule.template = template
     return schedule, var_vals
 
 
@@ -478,9 +480,23 @@ _CACHEABLE = frozenset(
      LoadOps.ASSIGN)
 )
 _SCHEDULE_CACHE_SIZE = 4096
-# a template: per kernel, (ast, index of its output, indexes of its inputs), indexes into the graph's nodes followed by
-# its leaves (the realized buffers it reads)
-_Template = list[tuple[LazyOp, int, tuple[int, ...], Optional[tuple[type, str]]]]
+
+
+class _Template(list):  # type: ignore[type-arg]
+    """A cached schedule: per kernel, (ast, index of its output, indexes of its inputs, check), indexes into the
+    graph's nodes followed by its leaves (the realized buffers it reads). `ran`: a schedule made from it has run, so
+    its kernels were compiled (engine/realize.py then runs the next one without looking for kernels to compile)."""
+
+    ran = False
+
+
+class _Instance(list):  # type: ignore[type-arg]
+    """A schedule (a list of ScheduleItems) made from a cached template, or the one the template was made from, and
+    that template."""
+
+    template: _Template
+
+
 _schedule_cache: dict[tuple[Any, ...], _Template] = {}
 
 
@@ -591,7 +607,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
 
 def _template(schedule: list[ScheduleItem], nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> Optional[_Template]:
     index = {b: i for i, b in enumerate(nodes + leaves)}
-    out: _Template = []
+    out = _Template()
     for si in schedule:
         if len(si.outputs) != 1 or index.get(si.outputs[0], len(nodes)) >= len(nodes) or si.var_vals:
             return None
@@ -601,10 +617,14 @@ def _template(schedule: list[ScheduleItem], nodes: list[LazyBuffer], leaves: lis
     return out
 
 
-def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> list[ScheduleItem]:
+def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[LazyBuffer]) -> _Instance:
     every = nodes + leaves
     pick = every.__getitem__
-    return [ScheduleItem(ast, (every[out],), tuple(map(pick, refs)), {}, check) for ast, out, refs, check in template]
+    out = _Instance(
+        ScheduleItem(ast, (every[i],), tuple(map(pick, refs)), {}, check) for ast, i, refs, check in template
+    )
+    out.template = template
+    return out
 
 
 def _outside(ref: Any, inside: Any) -> bool:
