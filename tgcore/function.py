@@ -487,9 +487,7 @@ class BroadcastTo(Function):
         self.input_shape = x.shape
         padded = (1,) * (len(shape) - len(x.shape)) + x.shape
         self.expanded_axis = tuple(i for i, (si, so) in enumerate(zip(padded, shape)) if si != so)
-        if type(x) is not LazyBuffer or x.size == 0 or padded == x.shape:  # (a multi-device tensor's, an empty
-            return x.reshape(padded).expand(shape)  # view by its own rule, nothing to fold: the two steps)
-        return x._view(x.st.reshape(padded).expand(shape))
+        return x.reshape_expand(padded, shape)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         summed = grad_output.cast(sum_acc_dtype(grad_output.dtype)).r(ReduceOps.SUM, self.expanded_axis)

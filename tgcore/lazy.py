@@ -364,6 +364,10 @@ class LazyBuffer:
     def expand(self, shape: tuple[sint, ...]) -> LazyBuffer:
         return self._view(self.st.expand(shape))
 
+    def reshape_expand(self, reshaped: tuple[sint, ...], shape: tuple[sint, ...]) -> LazyBuffer:
+        """reshape(reshaped).expand(shape) as one view: the same tracker, without the view between (a broadcast)."""
+        return self._view(self.st.reshape(reshaped).expand(shape))
+
     def permute(self, order: tuple[int, ...]) -> LazyBuffer:
         return self._view(self.st.permute(order))
 

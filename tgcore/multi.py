@@ -170,6 +170,9 @@ class MultiLazyBuffer:
             return self.replicated().reshape(shape)
         return MultiLazyBuffer([x.reshape(self._part_shape(shape, x, new_axis)) for x in self.lbs], new_axis)
 
+    def reshape_expand(self, reshaped: tuple[sint, ...], shape: tuple[sint, ...]) -> MultiLazyBuffer:
+        return self.reshape(reshaped).expand(shape)
+
     def expand(self, shape: tuple[sint, ...]) -> MultiLazyBuffer:
         return MultiLazyBuffer([x.expand(self._part_shape(shape, x, self.axis)) for x in self.lbs], self.axis)
 

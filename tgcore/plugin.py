@@ -24,6 +24,7 @@ import functools
 import gc
 import itertools
 import mmap
+import os
 import sys
 import threading
 import types
@@ -68,6 +69,7 @@ __all__ = [
     "instance_index",
     "vector_register_bytes",
     "vector_register_count",
+    "thread_count",
     "vector_widths",
     "numpy_dtype",
     "compile_folder",
@@ -755,6 +757,14 @@ def vector_register_bytes(features: Collection[str]) -> int:
     """Bytes in one vector register of a CPU with instruction-set `features` (lower-case names as in /proc/cpuinfo:
     "avx512f", "avx"): 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)."""
     return 64 if "avx512f" in features else 32 if "avx" in features else 16
+
+
+def thread_count() -> int:
+    """Host threads a kernel (or a plugin's pool of compile processes) may use: TGCORE_THREADS, else the cores this
+    process may run on."""
+    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
+        return int(n)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def vector_register_count(features: Collection[str], x86: bool) -> int:

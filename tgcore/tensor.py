@@ -2629,14 +2629,14 @@ def _label_masks(
         return x.e(eq, x.const(False))
 
     def across(x: LazyBuffer) -> LazyBuffer:  # Y's shape -> (*Y's shape, classes)
-        return x._view(x.st.reshape((*shape, 1)).expand(full))
+        return x.reshape_expand((*shape, 1), full)
 
     key = (classes, dtype, device)
     if (ar := _ARANGES.get(key)) is None or ar.realized is None:
         if len(_ARANGES) >= 64:
             _ARANGES.clear()
         ar = _ARANGES[key] = LazyBuffer.fromcpu(np.arange(classes, dtype=_np_for(dtype)), device, dtype)
-    hit = across(yl).e(eq, ar._view(ar.st.reshape((1,) * len(shape) + (classes,)).expand(full)))
+    hit = across(yl).e(eq, ar.reshape_expand((1,) * len(shape) + (classes,), full))
     out_of_range = yl.e(BinaryOps.CMPLT, yl.const(0)).e(BinaryOps.OR, negated(yl.e(BinaryOps.CMPLT, yl.const(classes))))
     if ignore_index is None:
         return _unrecorded(hit), None, _unrecorded(out_of_range)
@@ -2655,8 +2655,7 @@ def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOf
     lb = out.lazydata
     if not CHECK_DATA.value or not isinstance(lb, LazyBuffer) or bad.numel() == 0:
         return out
-    plain = not bad.requires_grad and type(bad.lazydata) is LazyBuffer
-    count = _count_true(bad.lazydata) if plain else bad.cast(dtypes.int32).sum()
+    count = bad.cast(dtypes.int32).sum()
     if count.lazydata.is_unrealized_const():  # known now
         if count.lazydata.base.arg:
             raise error(message)
@@ -2668,12 +2667,6 @@ def _with_check(out: Tensor, bad: Tensor, message: str, error: type = IndexOutOf
         return out
     base.checks = (*base.checks, (count.lazydata, error, message))
     return out
-
-
-def _count_true(bad: Any) -> Tensor:
-    """`bad`'s True (non-zero) elements as a 0-d int32 tensor: bad.cast(int32).sum()'s graph, on the LazyBuffer."""
-    as_int = bad.cast(dtypes.int32) if bad.dtype != dtypes.int32 else bad
-    return _unrecorded(as_int.r(ReduceOps.SUM, tuple(range(len(bad.shape)))).reshape(()))
 
 
 def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:

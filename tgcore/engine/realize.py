@@ -431,8 +431,8 @@ def run_schedule(schedule: list[Any], var_vals: Optional[dict[Variable, int]] = 
             out.realized, out.srcs = out.buffer, ()
             return
     # a schedule made from a cached template that ran before has its kernels compiled: nothing to look for
-    template = getattr(schedule, "template", None) if len(schedule) > 1 else None
-    failed = compile_ahead(schedule) if len(schedule) > 1 and not (template is not None and template.ran) else None
+    template = getattr(schedule, "template", None)
+    failed = None if template is not None and template.ran else compile_ahead(schedule)
     for i, si in enumerate(schedule):
         if failed is not None and i == failed[0]:
             raise failed[1]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from tgcore.device import Buffer, Device
 from tgcore.helpers import DEBUG
-from tgcore.plugin import ProgramSpec
+from tgcore.plugin import ProgramSpec, thread_count
 from tgcore.shape.symbolic import Variable, sym_infer
 
 __all__ = [
@@ -73,13 +73,6 @@ class CompiledRunner(Runner):
             return self.clprg(*[b._opaque for b in bufs], vals=vals, wait=wait)
         gs = tuple(sym_infer(s, var_vals) for s in p.global_size)
         return self.clprg(*[b._opaque for b in bufs], global_size=gs, local_size=p.local_size, vals=vals, wait=wait)
-
-
-def thread_count() -> int:
-    """Host threads a kernel may use: TGCORE_THREADS, else the cores this process may run on."""
-    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
-        return int(n)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # a kernel of at least this many ops, and this many per byte it moves, runs in 4 parts per thread, which threads take

@@ -239,10 +239,8 @@ class LAMB(Optimizer):
         def const(x: LazyBuffer, v: float) -> LazyBuffer:  # a Python number in an op with x, as Tensor's ops make it
             return x.const(dtypes.as_const(v, x.dtype))
 
-        def broadcast(x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:  # (1,)-shaped to shape: one view, as
-            if x.shape == shape:  # Tensor's BroadcastTo makes it
-                return x
-            return x._view(x.st.reshape((1,) * (len(shape) - len(x.shape)) + x.shape).expand(shape))
+        def broadcast(x: LazyBuffer, shape: tuple[int, ...]) -> LazyBuffer:  # (1,)-shaped to shape, as Tensor's
+            return x if x.shape == shape else x.reshape_expand((1,) * (len(shape) - len(x.shape)) + x.shape, shape)
 
         mul, add, div = BinaryOps.MUL, BinaryOps.ADD, BinaryOps.DIV
         for t, b in ((self.b1_t, self.b1), (self.b2_t, self.b2)):

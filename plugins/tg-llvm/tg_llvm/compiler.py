@@ -9,7 +9,7 @@ import re
 import threading
 from typing import Any
 
-from tgcore.plugin import CompileError, Compiler, vector_register_bytes, vector_register_count
+from tgcore.plugin import CompileError, Compiler, thread_count, vector_register_bytes, vector_register_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +119,7 @@ class LLVMCompiler(Compiler):
         self.opt = default_opt_level() if opt is None else opt
         if self.opt not in (0, 1, 2, 3):
             raise ValueError(f"LLVM optimization level {self.opt}: expected 0, 1, 2 or 3")
-        self.workers = _cores() if workers is None else workers
+        self.workers = thread_count() if workers is None else workers
         binding = llvm()
         self.tm = host_target_machine(self.opt)  # this compiler's own, used only to emit code
         self.triple, self.data_layout = self.tm.triple, str(self.tm.target_data)
@@ -137,11 +137,11 @@ class LLVMCompiler(Compiler):
     def compile_many(self, srcs: list[str]) -> list[bytes]:
         """Each source's object code: compiled by the worker processes where they run and the sources are worth
         their start (WORKER_MIN_IR bytes of IR, or workers already started), else here, one by one. A worker that
-        fails leaves the rest of the sources to this process."""
+        fails (or cannot start: Workers.broken) leaves the rest of the sources to this process."""
         from tg_llvm import workers as _workers  # (on use: `python -m tg_llvm.workers` runs that module as main)
 
         pool = _workers.workers(self.opt, self.workers)
-        if pool is None or pool.broken or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
+        if pool is None or (not pool.started and sum(map(len, srcs)) < WORKER_MIN_IR):
             return [self.compile(src) for src in srcs]
         out: list[bytes] = []
         for src in srcs:
@@ -201,9 +201,3 @@ _IN_PROCESS = threading.Lock()
 # second of compiling (ResNet-18's 25 kernels are ~1.3 MB of IR and took 3.8 s here)
 WORKER_MIN_IR = 128 * 1024
 
-
-def _cores() -> int:
-    """The cores this process may run on (TGCORE_THREADS where set, as the core's kernel threads read it)."""
-    if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
-        return int(n)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
