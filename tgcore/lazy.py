@@ -282,7 +282,11 @@ class LazyBuffer:
             parts = most  # a sum is padded with zeros (its identity) to whole parts
             padded = -(-n // (parts * SPLIT_PART_ALIGN)) * parts * SPLIT_PART_ALIGN
             flat, n = flat.pad(((0, padded - n),)), padded
-        return flat.reshape((parts, n // parts)).r(op, (1,)).reshape((parts,)).r(op, (0,)).reshape(new_shape)
+        # (each stage's reduce made here: r() would only filter its axis and ask this method again)
+        device, dtype, from_shape = self.device, self.dtype, ShapeTracker.from_shape
+        first = LazyBuffer(device, from_shape((parts, 1)), dtype, op, (1,), (flat.reshape((parts, n // parts)),))
+        second = LazyBuffer(device, from_shape((1,)), dtype, op, (0,), (first.reshape((parts,)),))
+        return second.reshape(new_shape)
 
     def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
         """out[p] = self[p with p[axis] replaced by index[p]]: `index` (integers, of this shape except on `axis`)
@@ -356,6 +360,8 @@ class LazyBuffer:
         return LazyBuffer(self.device, st, self.dtype, base=self.base)
 
     def reshape(self, shape: tuple[sint, ...]) -> LazyBuffer:
+        if shape == self.shape:  # (the same view: a flat input's first step of a split reduce)
+            return self
         return self._view(self.st.reshape(shape))
 
     def pad(self, arg: tuple[tuple[sint, sint], ...]) -> LazyBuffer:

@@ -116,3 +116,39 @@ def test_dot_of_mixed_dtypes_or_an_accumulation_dtype_takes_the_general_path() -
 def test_dot_keeps_shape_errors() -> None:
     with pytest.raises(ValueError, match="do not align"):
         Tensor.ones(2, 3) @ Tensor.ones(4, 2)
+
+
+@pytest.mark.parametrize("shapes", SHAPES)
+@pytest.mark.parametrize("view", ["base", "transposed", "sliced"])
+def test_dot_without_gradient_reuses_its_views_trackers_for_new_tensors(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]], view: str
+) -> None:
+    # a product that records nothing keeps, per pair of input trackers, the trackers of the inputs' last views: a
+    # second product of other tensors with the same trackers makes the same graph over its own buffers
+    import tgcore.tensor as tensor_module
+
+    def operand(shape: tuple[int, ...], seed: int) -> tuple[Tensor, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        if view == "base" or len(shape) < 2:
+            a = rng.standard_normal(shape).astype(np.float32)
+            return Tensor(a), a
+        if view == "transposed":
+            a = rng.standard_normal((*shape[:-2], shape[-1], shape[-2])).astype(np.float32)
+            return Tensor(a).transpose(-1, -2), np.swapaxes(a, -1, -2)
+        a = rng.standard_normal((*shape[:-1], shape[-1] + 3)).astype(np.float32)
+        return Tensor(a)[..., 1 : 1 + shape[-1]], a[..., 1 : 1 + shape[-1]]
+
+    tensor_module._DOT_VIEWS.clear()
+    outs, expected = [], []
+    for seed in (0, 1):  # the first builds the views step by step, the second from the kept trackers
+        (a, a_np), (b, b_np) = operand(shapes[0], seed), operand(shapes[1], seed + 10)
+        outs.append(a @ b)
+        expected.append(np.matmul(a_np, b_np))
+    assert len(tensor_module._DOT_VIEWS) == 1
+    first, second = (out.lazydata.base.srcs[0] for out in outs)  # the products (under the sum)
+    for x0, x1 in zip(first.srcs, second.srcs):
+        assert x0.st == x1.st and (x0._base is None) == (x1._base is None) and x0.base is not x1.base
+    k0, k1 = _kernels(outs[0]), _kernels(outs[1])
+    assert len(k0) == len(k1) and all(map(_same_tree, k0, k1))
+    for out, want in zip(outs, expected):
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)

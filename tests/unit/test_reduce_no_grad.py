@@ -22,6 +22,8 @@ CASES = [
     ((3, 1, 4), 1),
     ((2, 3, 4), None),
     ((1 << 16,), 0),
+    ((256, 256), None),  # (split in two stages, from a 2-d view)
+    ((3, 40001), None),  # (split, padded to whole parts)
 ]
 OPS: dict[str, tuple[Callable[..., Tensor], Callable[..., np.ndarray]]] = {
     "sum": (Tensor.sum, np.sum),
