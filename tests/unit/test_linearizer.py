@@ -3,6 +3,8 @@ summation orders every device shares: compensated float32 sums and lane reduces.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pytest
 
@@ -158,13 +160,27 @@ def test_stage_is_refused_on_a_symbolic_kernel() -> None:
 # ***** compensated sums *****
 
 
-def _compensated_np(terms: np.ndarray) -> np.ndarray:
-    """A compensated float32 sum along axis 0, step by step as the kernels take it: t = s + v, the error (s - t) + v
-    into e; then s + e where that is finite, else s."""
+def _group_of(n: int) -> int:
+    """The terms a compensated sum takes at once from an innermost loop of n (kernel.COMPENSATED_GROUP, else 2)."""
+    return 4 if n % 4 == 0 else 2 if n % 2 == 0 else 1
+
+
+def _grouped(terms: np.ndarray, group: int) -> np.ndarray:
+    """Each `group` consecutive terms (along axis 0) summed plainly in float32 as a balanced tree."""
+    parts = [terms[i::group] for i in range(group)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        while len(parts) > 1:
+            parts = [parts[i] + parts[i + 1] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _compensated_np(terms: np.ndarray, group: Optional[int] = None) -> np.ndarray:
+    """A compensated float32 sum along axis 0, step by step as the kernels take it: each group of consecutive terms
+    summed plainly (v), then t = s + v, the error (s - t) + v into e; then s + e where that is finite, else s."""
     s = np.zeros(terms.shape[1:], np.float32)
     e = np.zeros_like(s)
     with np.errstate(invalid="ignore", over="ignore"):
-        for v in terms:
+        for v in _grouped(terms, _group_of(len(terms)) if group is None else group):
             t = s + v
             e = e + ((s - t) + v)
             s = t
@@ -205,6 +221,23 @@ def test_long_float32_sums_are_compensated_the_same_way_whatever_the_optimizatio
     assert optimized.applied_opts  # (so the two kernels differ)
     np.testing.assert_array_equal(_run(si, optimized), expected)
     np.testing.assert_array_equal(_run(si, Kernel(si.ast, PythonRenderer())), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compensated_sum_adds_groups_of_consecutive_terms_then_compensates(device: str) -> None:
+    # 1, t, -1, t, ... with t = 0.75 * 2^-24: in a group, (1 + t) rounds to 1 and part of each t is lost, which one
+    # compensated add a term would keep. The groups are pinned exactly, and the error stays within 2 ulps of the
+    # terms' magnitudes (numpy's pairwise float32 sum loses the t's outright here)
+    t = np.float32(0.75 * 2**-24)
+    col = np.tile(np.array([1, t, -1, t], np.float32), 512)[:, None].repeat(3, axis=1)  # (2048, 3)
+    got = Tensor(col, device=device).sum(axis=0).numpy()
+    np.testing.assert_array_equal(got, _compensated_np(col))
+    assert not np.array_equal(got, _compensated_np(col, group=1))
+    exact = col.astype(np.float64).sum(axis=0)
+    assert np.all(np.abs(got - exact) <= 2 * 2**-24 * np.abs(col.astype(np.float64)).sum(axis=0))
+    assert np.all(np.abs(got - exact) <= np.abs(col.sum(axis=0) - exact))
+    odd = np.random.default_rng(4).standard_normal((2049, 2)).astype(np.float32)  # no group: one term at a time
+    np.testing.assert_array_equal(Tensor(odd, device=device).sum(axis=0).numpy(), _compensated_np(odd))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -250,12 +283,15 @@ def _lanes(t: Tensor) -> int:
     return Kernel(t.schedule()[-1].ast, Device[t.device].renderer).reduce_lanes
 
 
-def _lane_sums(rows: np.ndarray, compensated: bool) -> np.ndarray:
+def _lane_sums(rows: np.ndarray, compensated: bool, group: Optional[int] = None) -> np.ndarray:
     """A lane reduce's float32 row sums, in its order: lane l adds a[r, l], a[r, 16 + l], ... (compensated:
     Fast2Sum, the errors kept apart), then the 16 lanes are added from the first (compensated: the same way, and
     every error added back at the end)."""
     s, e = np.zeros((len(rows), 16), np.float32), np.zeros((len(rows), 16), np.float32)
-    for chunk in rows.reshape(len(rows), -1, 16).transpose(1, 0, 2):
+    chunks = rows.reshape(len(rows), -1, 16).transpose(1, 0, 2)
+    if compensated:  # (groups of consecutive terms of each lane, summed plainly first)
+        chunks = _grouped(chunks, _group_of(len(chunks)) if group is None else group)
+    for chunk in chunks:
         t = s + chunk
         e, s = (e + ((s - t) + chunk), t) if compensated else (e, t)
     total, err = np.zeros(len(rows), np.float32), np.zeros(len(rows), np.float32)
@@ -275,7 +311,7 @@ def test_a_sum_over_several_axes_takes_its_lanes_along_the_innermost(device: str
         out = Tensor(x_np, device=device).sum(axis=(0, 2, 3))
         assert len(out.schedule()) == 1 and _lanes(out) == 16
         rows = x_np.reshape(n, 6, hw * hw).transpose(1, 0, 2).reshape(6, -1)
-        np.testing.assert_array_equal(out.numpy(), _lane_sums(rows, compensated))
+        np.testing.assert_array_equal(out.numpy(), _lane_sums(rows, compensated, _group_of(hw * hw // 16)))
     # inner axis too short (7 x 7 maps) or not contiguous: no lanes
     assert _lanes(Tensor.ones(4, 6, 7, 7, device=device).sum(axis=(0, 2, 3))) == 0
     assert _lanes(Tensor.ones(64, 6, 64, device=device).sum(axis=(0, 1))) == 0

@@ -16,8 +16,10 @@ SUM or MAX whose innermost reduce axis an input reads contiguously (n >= LANE_RE
 REDUCE_LANES), not a contraction with a tile to make (Kernel._reuse_axes), has that axis viewed as (n / L, L) with
 L = REDUCE_LANES: lane l takes elements l, L + l, 2L + l, ... (L independent chains that fill a vector register; with
 outer reduce axes, a BatchNorm's sum over N, H and W, each lane runs through them too, outermost first), then the L
-lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). Every device and
-every optimization of the kernel sums in that order (a MAX's result has no order).
+lanes are combined from the first (for a compensated sum with their errors: codegen/linearizer.py). A compensated
+sum's innermost loop is also split at construction into groups of consecutive terms, an unrolled axis inside any the
+optimizer adds (Kernel._group_compensated). Every device and every optimization of the kernel sums in that order (a
+MAX's result has no order).
 
 Optimizations (`Opt`) reshape and permute every ShapeTracker the same way (PADTO also pads a global axis, masked:
 its padded lanes read 0 or an element of their tile and store nothing). None of them changes a result: global axes
@@ -120,9 +122,12 @@ LANE_SCALAR_OPS = 64
 WINDOW_STEPS = 25
 # a float32 SUM of this many terms per accumulator or more is compensated (Kernel.compensated_sum): float32
 # adds along one chain of n terms err by up to n/2^24 of the sum (the mean of 16M copies of 0.1 was off by 6e-5), a
-# compensated sum by a few ulps whatever n. It costs three adds per term (4-8% of a 64 MB sum here); a row of 4096
-# (256 terms per lane of a lane reduce) stays below it.
+# compensated sum by a few ulps of its terms' magnitudes whatever n. It costs three adds per group of terms (see
+# COMPENSATED_GROUP); a row of 4096 (256 terms per lane of a lane reduce) stays below it.
 COMPENSATED_MIN = 1024
+# a compensated sum adds its innermost loop's terms in groups of this many consecutive terms (of 2 where that loop is
+# a multiple of 2 only): each group's plain sum, then one compensated add (Kernel._group_compensated)
+COMPENSATED_GROUP = 4
 # a row reduce of at least this many bytes (more than a core's L2) reads one row at a time (Kernel._streamed_rows)
 STREAMED_BYTES = 1 << 20
 # gathered rows this many bytes apart (or a multiple) map to few sets of a CPU's L1 cache (Kernel._aliased)
@@ -275,11 +280,13 @@ class Kernel:
         # linearizer reads a safe element there instead of testing each load)
         self.pad_only: frozenset[LazyOp] = frozenset()
         self.reduce_lanes = 0  # a lane reduce: its lanes, the last upcast axis
+        self.summed_terms = 1  # a compensated sum's terms summed plainly before each compensated add
         self.applied_opts: list[Opt] = []
         self._reduce_last()
         self._split_products()
         self._merge_axes()
         self._split_lanes()
+        self._group_compensated()
 
     def copy(self) -> Kernel:
         """A kernel with the same state; optimizing it leaves this one as it is."""
@@ -461,6 +468,30 @@ class Kernel:
             return
         self._split(axis, lanes, self.shape_len)
         self.upcasted, self.reduce_lanes = 1, lanes
+
+    def _group_compensated(self) -> None:
+        """A compensated sum (compensated_sum) takes the terms of its innermost loop in groups of COMPENSATED_GROUP
+        consecutive terms (2 where that loop is a multiple of 2 only; none where it is neither, or symbolic): each
+        group is summed plainly, as a balanced tree, then added to its accumulator with Fast2Sum. That is 1.75 adds a
+        term instead of 4, and each group's rounding error is at most 2 ulps of its terms' magnitudes (numpy's
+        pairwise sum errs by up to log2(n) of them): a 1M float32 sum in cache was bound by its adds (92 GB/s on two
+        AVX-512 cores). The group is an unrolled axis fixed here, from the AST, as a lane reduce is: the innermost
+        unrolled axis (an UNROLL the optimizer adds goes outside it), so every device and every optimization of the
+        kernel sums in the same groups."""
+        if len(self.reduceops) != 1 or not self.n_reduce or not self.compensated_sum(self.reduceops[0]):
+            return
+        axis = self.first_upcast - 1  # the innermost reduce loop
+        size = self.full_shape[axis]
+        if not isinstance(size, int) or not (group := self._divisor(size, (COMPENSATED_GROUP, 2))):
+            return
+        try:
+            self._split_checked(Opt(OptOps.UNROLL, self.n_reduce - 1, group), axis, group, axis + 1)
+        except KernelOptError:
+            return
+        self.upcasted += 1
+        if size == group:  # (the loop went whole)
+            self.n_reduce -= 1
+        self.summed_terms = group
 
     def _split(self, axis: int, amount: int, to: int) -> None:
         """Split `axis` into (size // amount, amount) and move the `amount` part to position `to` (counted in the
@@ -878,8 +909,11 @@ class Kernel:
                 self._try(Opt(OptOps.UPCAST, col, amount))
         elif globals_ and not gated and not self._streamed_rows(vw):
             # a reduce along contiguous memory: independent accumulators hide the latency of each add (a lane reduce
-            # too: one vector accumulator per core streamed a compensated 64 MB sum at 10 GB/s, four at 15)
-            amount = self._divisor(_int(self.full_shape[globals_[-1]]), (4, 2))
+            # too: one vector accumulator per core streamed a compensated 64 MB sum at 10 GB/s, four at 15), within the
+            # lane budget with the lanes there are (a compensated sum's group of terms: _group_compensated)
+            lanes = prod(self.upcast_sizes)
+            choices = tuple(c for c in (4, 2) if lanes * c <= max(budget, 4))
+            amount = self._divisor(_int(self.full_shape[globals_[-1]]), choices)
             if amount:
                 self._try(Opt(OptOps.UPCAST, globals_[-1], amount))
         # (a packed column tile's reduce is not unrolled: 1020^3 and GPT-2's logits ran 1.2-1.7x slower unrolled by 2

@@ -904,12 +904,17 @@ class Linearizer:
         current = {key: self._acc(acc) for key, acc in accs.items()}  # in a loop, read the DEFINE_ACC itself
         fused = op.op is ReduceOps.SUM and dt in _FUSED_DTYPES and k.opts.fused_mulacc
         for key, groups in groups_of.items():
-            for g in sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled]):
+            ordered = sorted(groups, key=lambda g: [self.lanes[g * self.width][j] for j in self.unrolled])
+            if compensated:  # each group of k.summed_terms terms (consecutive: its axis is the innermost unrolled one)
+                terms = [self._vector(vals[g]) if vector else self._scalars(vals[g]) for g in ordered]
+                n = k.summed_terms
+                for i in range(0, len(terms), n):
+                    v = self._tree_sum(terms[i : i + n])
+                    current[key], errors[key] = self._compensated_add(current[key], errors[key], v)
+                continue
+            for g in ordered:
                 cur, product = current[key], self._product(vals[g]) if fused else None
-                if compensated:
-                    v = self._vector(vals[g]) if vector else self._scalars(vals[g])
-                    current[key], errors[key] = self._compensated_add(cur, errors[key], v)
-                elif not isinstance(cur, tuple):  # a vector accumulator
+                if not isinstance(cur, tuple):  # a vector accumulator
                     if product is not None:
                         mulacc = (self._vector(product[0]), self._vector(product[1]), cur)
                         new = self.uop(UOps.ALU, cur.dtype, mulacc, TernaryOps.MULACC, cse=False)
@@ -978,6 +983,18 @@ class Linearizer:
 
         t = alu(BinaryOps.ADD, s, v)
         return t, alu(BinaryOps.ADD, alu(BinaryOps.SUB, s, t), v)
+
+    def _tree_sum(self, terms: list[Value]) -> Value:
+        """The plain sum of `terms` (vector uops, or tuples of lanes) as a balanced tree: (t0 + t1) + (t2 + t3)."""
+
+        def add(a: Value, b: Value) -> Value:
+            if isinstance(a, tuple):
+                return tuple(self.uop(UOps.ALU, x.dtype, (x, y), BinaryOps.ADD, cse=False) for x, y in zip(a, b))
+            return self.uop(UOps.ALU, a.dtype, (a, b), BinaryOps.ADD, cse=False)
+
+        while len(terms) > 1:
+            terms = [add(terms[i], terms[i + 1]) for i in range(0, len(terms), 2)]
+        return terms[0]
 
     def _compensated_add(self, s: Value, e: Value, v: Value) -> tuple[Value, Value]:
         """`v` into the sum `s` (a vector uop or a tuple of lanes), and the rounding error of that add into `e`. Each
