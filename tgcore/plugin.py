@@ -761,10 +761,19 @@ def vector_register_bytes(features: Collection[str]) -> int:
 
 def thread_count() -> int:
     """Host threads a kernel (or a plugin's pool of compile processes) may use: TGCORE_THREADS, else the cores this
-    process may run on."""
+    process may run on (asked once: a system call at every threaded launch cost ~1 us; a forked child asks again)."""
     if (n := os.environ.get("TGCORE_THREADS", "")).isdigit() and int(n) > 0:
         return int(n)
+    return _cores()
+
+
+@functools.lru_cache(maxsize=1)
+def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_cores.cache_clear)
 
 
 def vector_register_count(features: Collection[str], x86: bool) -> int:

@@ -553,12 +553,14 @@ def _graph_key(
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
-        parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+        argk = _NONE_KEY if arg is None else _arg_key(arg)
+        parts.append((op, argk, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
 
 _NOT_FLAT: Any = object()
+_NONE_KEY = (type(None), None)  # _arg_key(None), the arg of most ops, without the call
 
 
 def _arg_key(arg: Any) -> tuple[Any, Any]:
@@ -601,7 +603,8 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
     nodes[b] = index = len(nodes)
-    parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+    argk = _NONE_KEY if arg is None else _arg_key(arg)
+    parts.append((op, argk, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     return (tuple(parts), (index,)), list(nodes), list(leaves)
 
 
@@ -633,6 +636,16 @@ def _outside(ref: Any, inside: Any) -> bool:
     return r is not None and r.realized is None and r not in inside and not Device.storage_only(r.device)
 
 
+def _read_outside(b: LazyBuffer, inside: Any) -> bool:
+    """Whether a reader of base `b` is outside the graph being scheduled: _outside for any of them, in one loop (a
+    training step asks it of every node that reads a parameter)."""
+    for ref in b.__dict__.get("readers", ()):
+        r = ref()
+        if r is not None and r not in inside and r.realized is None and not Device.storage_only(r.device):
+            return True
+    return False
+
+
 def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyBuffer], list[LazyBuffer]]:
     """What an ASSIGN in the graph (`order`: its unrealized bases, sources first) must not let read the new contents of
     its target: `b = a * 2; a.assign(a + 10)` must leave b twice the old a, as in numpy, and the loss a training step
@@ -644,14 +657,16 @@ def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyB
     if not targets:
         return [], []
     tainted: set[LazyBuffer] = set()
+    force: list[LazyBuffer] = []
     assign = LoadOps.ASSIGN
     for n in order:  # (this runs for every realize of a graph with an assign: `s._base or s` is s.base without a call)
         if n.op is not assign:
             for s in n.srcs:
                 if (sb := s._base or s) in targets or sb in tainted:
                     tainted.add(n)
+                    if _read_outside(n, inside):
+                        force.append(n)
                     break
-    force = [n for n in order if n in tainted and any(_outside(r, inside) for r in n.__dict__.get("readers", ()))]
     found: dict[LazyBuffer, None] = {}
     for target in targets:
         for ref in target.__dict__.get("readers", ()):
