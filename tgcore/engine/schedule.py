@@ -116,10 +116,16 @@ class ScheduleItem:
 
     @property
     def bufs(self) -> tuple[Any, ...]:
-        return (*map(_buffer, self.outputs), *map(_base_buffer, self.inputs))  # map: no comprehension frames
+        return (*map(_output_buffer, self.outputs), *map(_base_buffer, self.inputs))  # map: no comprehension frames
 
 
-_buffer, _base_buffer = attrgetter("buffer"), attrgetter("base.buffer")
+_base_buffer = attrgetter("base.buffer")
+
+
+def _output_buffer(b: LazyBuffer) -> Any:
+    """An output base's Buffer: the one it has, else a new one (LazyBuffer.new_buffer, not __getattr__'s path)."""
+    buffer = b.__dict__.get("buffer")
+    return buffer if buffer is not None else b.new_buffer()
 
 
 def _broadcasts(st: ShapeTracker) -> bool:
