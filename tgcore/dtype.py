@@ -292,6 +292,7 @@ def least_upper_float(dt: DType) -> DType:
     return dt if dtypes.is_float(dt) else least_upper_dtype(dt, dtypes.default_float)
 
 
+@functools.lru_cache(maxsize=None)  # (asked at every sum: a few dtypes, each promotion worked out once)
 def sum_acc_dtype(dt: DType) -> DType:
     """The dtype a sum of `dt` values accumulates in."""
     if dtypes.is_unsigned(dt):

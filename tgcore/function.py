@@ -439,17 +439,23 @@ class Maximum(Function):
 
 
 class Sum(Function):
+    # its forward is x.r(reduce_op, axis) and nothing else: a reduction that records no gradient is that reduce alone
+    # (Tensor._reduce), without this context
+    reduce_op = ReduceOps.SUM
+
     def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
         self.input_shape = x.shape
-        return x.r(ReduceOps.SUM, axis)
+        return x.r(self.reduce_op, axis)
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:
         return grad_output.expand(self.input_shape)
 
 
 class Max(Function):
+    reduce_op = ReduceOps.MAX  # (as Sum's)
+
     def forward(self, x: LazyBuffer, axis: tuple[int, ...]) -> LazyBuffer:
-        self.x, self.ret, self.axis = x, x.r(ReduceOps.MAX, axis), axis
+        self.x, self.ret, self.axis = x, x.r(self.reduce_op, axis), axis
         return self.ret
 
     def backward(self, grad_output: LazyBuffer) -> LazyBuffer:

@@ -267,6 +267,10 @@ class LazyBuffer:
             return self.const(0 if op is ReduceOps.SUM else dtypes.min(self.dtype), new_shape)
         if (split := self._split_reduce(op, new_shape)) is not None:
             return split
+        return self._reduced(op, axis, new_shape)
+
+    def _reduced(self, op: ReduceOps, axis: tuple[int, ...], new_shape: tuple[sint, ...]) -> LazyBuffer:
+        """The reduce node itself (r, once it has sorted its axes and not split it)."""
         return LazyBuffer(self.device, ShapeTracker.from_shape(new_shape), self.dtype, op, axis, (self,))
 
     def _split_reduce(self, op: ReduceOps, new_shape: tuple[sint, ...]) -> Optional[LazyBuffer]:
@@ -287,11 +291,9 @@ class LazyBuffer:
             parts = most  # a sum is padded with zeros (its identity) to whole parts
             padded = -(-n // (parts * SPLIT_PART_ALIGN)) * parts * SPLIT_PART_ALIGN
             flat, n = flat.pad(((0, padded - n),)), padded
-        # (each stage's reduce made here: r() would only filter its axis and ask this method again)
-        device, dtype, from_shape = self.device, self.dtype, ShapeTracker.from_shape
-        first = LazyBuffer(device, from_shape((parts, 1)), dtype, op, (1,), (flat.reshape((parts, n // parts)),))
-        second = LazyBuffer(device, from_shape((1,)), dtype, op, (0,), (first.reshape((parts,)),))
-        return second.reshape(new_shape)
+        # (each stage's reduce made directly: r() would only sort its axis and ask this method again)
+        first = flat.reshape((parts, n // parts))._reduced(op, (1,), (parts, 1))
+        return first.reshape((parts,))._reduced(op, (0,), (1,)).reshape(new_shape)
 
     def gather(self, index: LazyBuffer, axis: int) -> LazyBuffer:
         """out[p] = self[p with p[axis] replaced by index[p]]: `index` (integers, of this shape except on `axis`)

@@ -24,6 +24,7 @@ from tgcore.lazy import LazyBuffer
 from tgcore.multi import MultiLazyBuffer
 from tgcore.ops import BinaryOps, LoadOps, ReduceOps
 from tgcore.registry import plugins
+from tgcore.shape.shapetracker import ShapeTracker
 from tgcore.shape.symbolic import Node, NumNode, Variable, sint, sym_infer
 
 __all__ = ["Tensor", "Function"]
@@ -1115,8 +1116,8 @@ class Tensor:
         if (Tensor.no_grad or not self.requires_grad) and type(self.lazydata) is LazyBuffer:
             # nothing to record for backward: the reduce (and the reshape dropping its axes) on the LazyBuffer, the
             # same graph as the Functions' without them (a 1024 x 1024 row sum's 14 -> 11.5 us of Python)
-            # (Sum's and Max's forward is the reduce itself: made here without their context object)
-            op = _REDUCE_FORWARD.get(fxn)
+            # (a Function whose forward is the reduce alone names its op: made here without its context object)
+            op = getattr(fxn, "reduce_op", None)
             out = self.lazydata.r(op, axes) if op is not None else fxn.forward_only(self.lazydata, axis=axes)
             if not keepdim and (shape := tuple(s for i, s in enumerate(self.shape) if i not in axes)) != out.shape:
                 out = out.reshape(shape)
@@ -1155,17 +1156,17 @@ class Tensor:
         narrower than 32 bits in (u)int32, except where the count summed could pass its range (over 2**31 bools, over
         16.9M uint8 values, ...): then in (u)int64, as numpy, never a wrapped total."""
         dt = self.lazydata.dtype
-        if acc_dtype is None and (dt is dtypes.float32 or dt is dtypes.float64):  # (their own accumulation dtype)
-            return self._reduce(F.Sum, axis, keepdim)
-        acc = acc_dtype or sum_acc_dtype(self.dtype)
-        if acc_dtype is None and self.dtype.itemsize < 4 and not dtypes.is_float(self.dtype):
+        acc = acc_dtype or sum_acc_dtype(dt)
+        if acc_dtype is None and dt.itemsize < 4 and not dtypes.is_float(dt):
             count = prod(self.shape[a] for a in self._reduce_axes(axis))
             most = count if isinstance(count, int) else count.max  # (a symbolic count: its largest value)
             largest = max(abs(int(dtypes.min(self.dtype))), int(dtypes.max(self.dtype)))
             if not isinstance(most, int) or most * largest > int(dtypes.max(acc)):
                 acc = dtypes.uint64 if dtypes.is_unsigned(acc) else dtypes.int64
         ret = self.cast(acc)._reduce(F.Sum, axis, keepdim)
-        return ret.cast(self.dtype) if acc_dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+        if acc is not dt and acc_dtype is None and dt in (dtypes.float16, dtypes.bfloat16):
+            return ret.cast(dt)
+        return ret
 
     def max(self, axis: Optional[Union[int, Sequence[int]]] = None, keepdim: bool = False) -> Tensor:
         """The largest element over `axis` (all axes by default); NaN wins. An axis of size 0 has no largest element:
@@ -1331,18 +1332,15 @@ class Tensor:
             # base, which depends on its own view alone: kept per pair of trackers, the views are made in one step
             # each (24 -> 17 us)
             x, y = self.lazydata, w.lazydata
-            views = _DOT_VIEWS.get((key, x.st, y.st))
-            if views is None:
+            views_key = (key, x.st, y.st)
+            if (views := _DOT_VIEWS.get(views_key)) is not None:
+                x, y = x.base._view(views[0]), y.base._view(views[1])
+            else:
                 x, y = _dot_views(plan[0], x, y)
                 if x.size:  # (an empty product's steps make no views of the inputs)
                     if len(_DOT_VIEWS) >= 4096:
                         _DOT_VIEWS.clear()
-                    _DOT_VIEWS[(key, self.lazydata.st, w.lazydata.st)] = (x.st, x._base is None, y.st, y._base is None)
-            else:
-                x_st, x_base, y_st, y_base = views
-                xb, yb = x.base, y.base
-                x = xb if x_base else LazyBuffer(xb.device, x_st, xb.dtype, base=xb)
-                y = yb if y_base else LazyBuffer(yb.device, y_st, yb.dtype, base=yb)
+                    _DOT_VIEWS[views_key] = (x.st, y.st)
             out = x.e(BinaryOps.MUL, y)
             for step, kwargs in plan[1]:
                 out = _LAZY_STEPS[step](out, kwargs)
@@ -2455,6 +2453,8 @@ class Tensor:
     # ***** casting *****
 
     def cast(self, dtype: Union[DType, str]) -> Tensor:
+        if dtype is self.lazydata.dtype:  # (the common no-op, without to_dtype and DType.__eq__)
+            return self
         dt = to_dtype(dtype)
         return self if self.dtype == dt else F.Cast.apply(self, dtype=dt)
 
@@ -2699,22 +2699,11 @@ def _write_through(target: LazyBuffer, value: LazyBuffer) -> None:
         run_schedule(*create_schedule_with_vars([target.assign(value)]))
 
 
-# the reductions whose Function's forward is LazyBuffer.r of this op (Tensor._reduce builds them without the Function)
-_REDUCE_FORWARD: dict[type[Function], ReduceOps] = {F.Sum: ReduceOps.SUM, F.Max: ReduceOps.MAX}
 # Tensor._dot_chain's plans: (shapes, dtype) -> (the two inputs' steps, the steps after their product)
 _DOT_PLANS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 # and, for a product that records no gradient, (plan key, the inputs' trackers) -> the tracker of each input's last
-# view and whether that view is its base itself
-_DOT_VIEWS: dict[tuple[Any, ...], tuple[Any, bool, Any, bool]] = {}
-
-
-def _dot_views(branches: Any, x: LazyBuffer, y: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer]:
-    """Each input of a product after its steps (reshapes, the permute, the broadcast), one step at a time."""
-    for (step, kwargs) in branches[0]:
-        x = _LAZY_STEPS[step](x, kwargs)
-    for (step, kwargs) in branches[1]:
-        y = _LAZY_STEPS[step](y, kwargs)
-    return x, y
+# view of its base
+_DOT_VIEWS: dict[tuple[Any, ...], tuple[ShapeTracker, ShapeTracker]] = {}
 # each kind of a plan's step as its Function's forward does it, for a product that records no gradient. Written out
 # rather than called through Function.forward_only, whose context objects cost a quarter of the product's graph
 # (24 -> 30 us at 128 x 128); test_dot_chain compares the graphs with the recorded Chain's for every shape
@@ -2725,6 +2714,15 @@ _LAZY_STEPS: dict[type[Function], Callable[[LazyBuffer, dict[str, Any]], LazyBuf
     F.Cast: lambda x, kw: x.cast(kw["dtype"]),
     F.Sum: lambda x, kw: x.r(ReduceOps.SUM, kw["axis"]),
 }
+
+
+def _dot_views(branches: Any, x: LazyBuffer, y: LazyBuffer) -> tuple[LazyBuffer, LazyBuffer]:
+    """Each input of a product after its steps (reshapes, the permute, the broadcast), one step at a time."""
+    for step, kwargs in branches[0]:
+        x = _LAZY_STEPS[step](x, kwargs)
+    for step, kwargs in branches[1]:
+        y = _LAZY_STEPS[step](y, kwargs)
+    return x, y
 
 
 def _assign_hazard(src: LazyBuffer, target: LazyBuffer) -> bool:

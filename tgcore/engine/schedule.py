@@ -559,14 +559,12 @@ def _graph_key(
             else:
                 srcs.append((True, nodes[sb], st))
         nodes[b] = len(nodes)
-        argk = _NONE_KEY if arg is None else _arg_key(arg)
-        parts.append((op, argk, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+        parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     key = (tuple(parts), tuple(nodes[b] for b in bases))
     return key, list(nodes), list(leaves)
 
 
 _NOT_FLAT: Any = object()
-_NONE_KEY = (type(None), None)  # _arg_key(None), the arg of most ops, without the call
 
 
 def _arg_key(arg: Any) -> tuple[Any, Any]:
@@ -609,8 +607,7 @@ def _flat_graph_key(b: LazyBuffer) -> Any:
     if isinstance(arg, Node) or not _plain_ints(b.shape):
         return None
     nodes[b] = index = len(nodes)
-    argk = _NONE_KEY if arg is None else _arg_key(arg)
-    parts.append((op, argk, b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
+    parts.append((op, _arg_key(arg), b.dtype.name, b.device, b.shape, b.forced_realize, tuple(srcs)))
     return (tuple(parts), (index,)), list(nodes), list(leaves)
 
 
@@ -636,20 +633,15 @@ def _instantiate(template: _Template, nodes: list[LazyBuffer], leaves: list[Lazy
     return out
 
 
-def _outside(ref: Any, inside: Any) -> bool:
-    """Whether a reader (a weak reference) is alive, not computed yet, and not part of the graph being scheduled."""
-    r = ref()
-    return r is not None and r.realized is None and r not in inside and not Device.storage_only(r.device)
-
-
-def _read_outside(b: LazyBuffer, inside: Any) -> bool:
-    """Whether a reader of base `b` is outside the graph being scheduled: _outside for any of them, in one loop (a
-    training step asks it of every node that reads a parameter)."""
+def _outside_readers(b: LazyBuffer, inside: Any) -> list[LazyBuffer]:
+    """The readers of base `b` that are alive, not computed yet, and not part of the graph being scheduled (one loop
+    with no call a reader: a training step asks it of every node that reads a parameter)."""
+    out = []
     for ref in b.__dict__.get("readers", ()):
         r = ref()
         if r is not None and r not in inside and r.realized is None and not Device.storage_only(r.device):
-            return True
-    return False
+            out.append(r)
+    return out
 
 
 def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyBuffer], list[LazyBuffer]]:
@@ -670,13 +662,13 @@ def _old_value_readers(order: list[LazyBuffer], inside: Any) -> tuple[list[LazyB
             for s in n.srcs:
                 if (sb := s._base or s) in targets or sb in tainted:
                     tainted.add(n)
-                    if _read_outside(n, inside):
+                    if _outside_readers(n, inside):
                         force.append(n)
                     break
     found: dict[LazyBuffer, None] = {}
     for target in targets:
-        for ref in target.__dict__.get("readers", ()):
-            if _outside(ref, inside) and not ((r := ref()).op is LoadOps.ASSIGN and r.buffer is target.buffer):
+        for r in _outside_readers(target, inside):
+            if not (r.op is LoadOps.ASSIGN and r.buffer is target.buffer):
                 found[r] = None
     if not found:
         return [], force
